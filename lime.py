@@ -1,0 +1,412 @@
+"""
+lime.py: a LLaMA-style GPT with Layer-Integrated Memory (LIMe, arXiv 2502.09245), in one file.
+
+What differs from a plain GPT (nanoGPT's model.py):
+- LLaMA blocks: RMSNorm before attention and MLP, rotary position embeddings (RoPE), a SwiGLU MLP,
+  no biases, grouped-query attention (n_kv_head key/value heads shared by n_head query heads),
+  input and output embeddings tied, vocabulary padded to a multiple of 64.
+- LIMe: every layer puts its raw (pre-RoPE) keys and values into a "layer memory". With
+  router='static' or 'dynamic', layer l >= 1 attends over a learned mix of the keys/values of
+  layers 0..l (StaticRouter, DynamicRouter) instead of its own alone. router='none' is the
+  plain LLaMA model, with no extra parameter and no extra work.
+- generate() keeps a KV cache of the *routed* keys/values: the same size as the baseline's.
+
+Shapes: B batch, T time, D width (n_embd), H query heads, G key/value heads, hs head size,
+S source layers a router reads (l + 1 at layer l). Keys and values travel together as one
+tensor kv of shape (B, T, 2, G, hs), because a router mixes both with the same weights.
+Einsum letters: b batch, t time, c key-or-value, g output head, h input head, d head size.
+
+    python -c "import lime; lime.GPT(lime.GPTConfig(router='static'))"
+"""
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ROUTERS = ('none', 'static', 'dynamic')
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 1024  # longest sequence the model sees; the RoPE tables and KV cache cover it
+    vocab_size: int = 50257  # GPT-2 BPE; the embedding is padded up to a multiple of 64 for speed
+    n_layer: int = 12  # depth: LIMe's memory and its cost grow with it
+    n_head: int = 12  # query heads
+    n_kv_head: int = 0  # key/value heads (grouped-query attention when < n_head); 0 means n_head
+    n_embd: int = 768  # width of the residual stream
+    mlp_hidden: int = 0  # SwiGLU hidden width; 0 means 4 * n_embd (the paper's 2048 -> 8192)
+    rope_base: float = 10000.0  # RoPE wavelength base, as in LLaMA
+    router: str = 'none'  # 'none' = LLaMA; 'static' / 'dynamic' = LIMe routers over all earlier layers
+    router_top_p: float = 1.0  # keep the smallest set of sources holding this much routing mass; 1 = off
+
+    def __post_init__(self):
+        self.n_kv_head = self.n_kv_head or self.n_head
+        self.mlp_hidden = self.mlp_hidden or 4 * self.n_embd
+        if self.router not in ROUTERS:
+            raise ValueError(f"router must be one of {ROUTERS}, got {self.router!r}")
+        if self.n_embd % self.n_head or (self.n_embd // self.n_head) % 2:
+            raise ValueError(f"n_embd ({self.n_embd}) must split into n_head ({self.n_head}) heads "
+                             "of even size (RoPE rotates pairs of channels)")
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"n_head ({self.n_head}) must be a multiple of n_kv_head ({self.n_kv_head})")
+        if not 0.0 < self.router_top_p <= 1.0:
+            raise ValueError(f"router_top_p must be in (0, 1], got {self.router_top_p}")
+        for name in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd'):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+
+class RMSNorm(nn.Module):
+    """Scale each vector to unit root-mean-square, then by a learned gain (LLaMA's norm)."""
+
+    def __init__(self, dim, eps=1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding: rotate channel pairs of q and k by position-dependent angles,
+    so that q . k depends only on the distance between the two tokens."""
+
+    def __init__(self, head_size, max_len, base):
+        super().__init__()
+        inv_freq = base ** (-torch.arange(0, head_size, 2, dtype=torch.float32) / head_size)
+        angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)  # (max_len, hs/2)
+        # Not saved in checkpoints: they are a function of the config.
+        self.register_buffer('cos', angles.cos()[:, None, :], persistent=False)  # (max_len, 1, hs/2)
+        self.register_buffer('sin', angles.sin()[:, None, :], persistent=False)
+
+    def forward(self, x, pos=0):  # x: (B, T, heads, hs), its first token at position pos
+        T = x.size(1)
+        cos, sin = self.cos[pos:pos + T], self.sin[pos:pos + T]  # (T, 1, hs/2)
+        x1, x2 = x.float().chunk(2, dim=-1)  # (B, T, heads, hs/2) each
+        return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).type_as(x)
+
+
+def top_p_mask(weights, p):
+    """1.0 for the smallest set of entries along the last dim holding at least a share p of the
+    total (non-negative) weight, 0.0 elsewhere (paper v1's pruning of routing weights)."""
+    if p >= 1.0:
+        return torch.ones_like(weights)  # keep all (the cumsum below could round just past 1)
+    weights = weights.detach()  # the mask is a selection: gradients flow through the kept weights
+    share = weights / weights.sum(-1, keepdim=True).clamp_min(1e-30)
+    sorted_share, order = share.sort(dim=-1, descending=True)
+    mass_before = sorted_share.cumsum(-1) - sorted_share  # mass of the entries ranked above each one
+    keep = (mass_before < p).to(weights.dtype)  # keep entries until the kept mass reaches p
+    return torch.zeros_like(keep).scatter(-1, order, keep)
+
+
+class StaticRouter(nn.Module):
+    """LIMe's static router (paper v2): layer l's keys (and, with the same weights, values) for
+    kv head g are a learned signed mix of every kv head of every layer 0..l:
+        kv~[..., g, :] = sum_m sum_h R[g, m, h] * kv_m[..., h, :]
+    The same for every token, so it costs G * S * G weights per layer and no extra activations."""
+
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        G, S = config.n_kv_head, layer_idx + 1
+        self.top_p = config.router_top_p
+        self.weight = nn.Parameter(torch.empty(G, S * G))  # R, row g: all (source layer, head) pairs
+
+    def reset_parameters(self):
+        # Paper init: identity on the layer's own heads (so it starts as its own keys/values plus
+        # noise) and kaiming-uniform elsewhere; an all-random init was reported worse.
+        G, fan_in = self.weight.shape
+        bound = math.sqrt(3.0 / fan_in)
+        with torch.no_grad():
+            self.weight.uniform_(-bound, bound)
+            self.weight[:, -G:] = torch.eye(G)
+
+    def mix_weights(self):
+        """R as used in forward: (G, S * G), entries outside the top-p set zeroed (not renormalised:
+        the weights are signed and unnormalised)."""
+        R = self.weight
+        if self.top_p < 1.0:
+            R = R * top_p_mask(R.abs(), self.top_p)  # per output head, over all (layer, head) sources
+        return R
+
+    def forward(self, h, memory):  # memory: S tensors (B, T, 2, G, hs), layers 0..l
+        G = self.weight.size(0)
+        R = self.mix_weights().view(G, len(memory), G)  # (g, source layer, h)
+        # One small einsum per source layer, summed: no torch.stack/cat copy of the memory.
+        return sum(torch.einsum('btchd,gh->btcgd', kv, R[:, m]) for m, kv in enumerate(memory))
+
+
+class DynamicRouter(nn.Module):
+    """LIMe's dynamic router (paper v1): each token picks, per kv head, a softmax distribution over
+    the source layers 0..l from the layer's normed input h, and reads the same head of each:
+        a[t, g, :] = softmax((h_t Wr)[g, :]),   kv~[t, g] = sum_m a[t, g, m] * kv_m[t, g]"""
+
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.n_kv_head, self.n_source = config.n_kv_head, layer_idx + 1
+        self.top_p = config.router_top_p
+        self.proj = nn.Linear(config.n_embd, self.n_kv_head * self.n_source, bias=True)
+
+    def reset_parameters(self):
+        # Start close to the baseline: zero weights (every token routes alike at first, until the
+        # gradients, which do depend on the token, pull them apart) and a bias that gives the
+        # layer's own keys/values 90% of the weight: e^b / (e^b + l) = 0.9 for b = log(9 l).
+        with torch.no_grad():
+            self.proj.weight.zero_()
+            bias = self.proj.bias.view(self.n_kv_head, self.n_source)
+            bias.zero_()
+            bias[:, -1] = math.log(9.0 * (self.n_source - 1))
+
+    def mix_weights(self, h):
+        """Routing probabilities (B, T, G, S): each token and head sums to 1 over source layers."""
+        B, T, _ = h.shape
+        probs = self.proj(h).view(B, T, self.n_kv_head, self.n_source).float().softmax(dim=-1)
+        if self.top_p < 1.0:
+            probs = probs * top_p_mask(probs, self.top_p)
+            probs = probs / probs.sum(-1, keepdim=True)  # the kept sources share all the weight
+        return probs
+
+    def forward(self, h, memory):  # memory: S tensors (B, T, 2, G, hs), layers 0..l
+        probs = self.mix_weights(h).type_as(memory[0])  # (B, T, G, S)
+        # A weighted sum of the S tensors, pointwise: torch.compile fuses it into one kernel.
+        return sum(kv * probs[:, :, None, :, m, None] for m, kv in enumerate(memory))
+
+
+class CausalSelfAttention(nn.Module):
+
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
+        self.head_size = config.n_embd // config.n_head
+        self.q_proj = nn.Linear(config.n_embd, self.n_head * self.head_size, bias=False)
+        self.kv_proj = nn.Linear(config.n_embd, 2 * self.n_kv_head * self.head_size, bias=False)
+        self.o_proj = nn.Linear(self.n_head * self.head_size, config.n_embd, bias=False)
+        # LIMe: layer 0 has nothing earlier to read, so it has no router (paper Sec. 3).
+        router_class = {'static': StaticRouter, 'dynamic': DynamicRouter}.get(config.router)
+        self.router = router_class(config, layer_idx) if router_class and layer_idx > 0 else None
+
+    def forward(self, h, rotary, memory=None, cache=None):
+        B, T, _ = h.shape
+        q = self.q_proj(h).view(B, T, self.n_head, self.head_size)  # (B, T, H, hs)
+        kv = self.kv_proj(h).view(B, T, 2, self.n_kv_head, self.head_size)  # (B, T, 2, G, hs)
+        if memory is not None:
+            memory.append(kv)  # the raw keys/values of this layer, for this and all later layers
+        if self.router is not None:
+            kv = self.router(h, memory)  # (B, T, 2, G, hs): the routed mix of layers 0..l
+        k, v = kv.unbind(dim=2)  # (B, T, G, hs) each
+        # RoPE after routing: routing mixes within one position, so before or after is the same.
+        pos = cache.pos if cache is not None else 0
+        q, k = rotary(q, pos), rotary(k, pos)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, hs)
+        if cache is not None:
+            k, v = cache.update(self.layer_idx, k, v)  # (B, G, pos + T, hs): all tokens so far
+        # A prompt (T > 1) fills an empty cache, so causal masking lines up; a single new token
+        # attends to everything cached.
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1,
+                                           enable_gqa=self.n_kv_head != self.n_head)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, D)
+
+
+class MLP(nn.Module):
+    """SwiGLU (LLaMA): silu(x W_gate) * (x W_up), projected back; W_gate and W_up in one matmul."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 2 * config.mlp_hidden, bias=False)
+        self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=False)
+
+    def forward(self, x):
+        gate, up = self.c_fc(x).chunk(2, dim=-1)  # (B, T, mlp_hidden) each
+        return self.c_proj(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.ln_1 = RMSNorm(config.n_embd)
+        self.attn = CausalSelfAttention(config, layer_idx)
+        self.ln_2 = RMSNorm(config.n_embd)
+        self.mlp = MLP(config)
+
+    def forward(self, x, rotary, memory=None, cache=None):
+        x = x + self.attn(self.ln_1(x), rotary, memory, cache)
+        return x + self.mlp(self.ln_2(x))
+
+
+class KVCache:
+    """Keys and values of past tokens for generation, after routing and RoPE, per layer. Routing
+    mixes layers at the same position only, so a past token's routed keys/values never change:
+    a LIMe model caches exactly what a plain transformer does, at the same size."""
+
+    def __init__(self, n_layer, max_len):
+        self.n_layer, self.max_len = n_layer, max_len
+        self.k = self.v = None  # (n_layer, B, G, max_len, hs), allocated at the first update
+        self.pos = 0  # number of tokens cached
+
+    def update(self, layer, k, v):  # k, v: (B, G, T, hs) for the tokens at pos .. pos + T - 1
+        if self.k is None:
+            B, G, _, hs = k.shape
+            self.k = k.new_zeros(self.n_layer, B, G, self.max_len, hs)
+            self.v = torch.zeros_like(self.k)
+        end = self.pos + k.size(2)
+        self.k[layer, :, :, self.pos:end] = k
+        self.v[layer, :, :, self.pos:end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+
+class GPT(nn.Module):
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        padded_vocab = 64 * math.ceil(config.vocab_size / 64)  # matmul shapes GPUs like
+        self.wte = nn.Embedding(padded_vocab, config.n_embd)
+        self.blocks = nn.ModuleList(Block(config, l) for l in range(config.n_layer))
+        self.ln_f = RMSNorm(config.n_embd)
+        self.lm_head = nn.Linear(config.n_embd, padded_vocab, bias=False)
+        self.lm_head.weight = self.wte.weight  # tied input/output embeddings
+        self.rotary = Rotary(config.n_embd // config.n_head, config.block_size, config.rope_base)
+        self.init_weights()
+
+    def routers(self):
+        return [block.attn.router for block in self.blocks if block.attn.router is not None]
+
+    def init_weights(self):
+        """All initialisation in one place: GPT-2's normal(0, 0.02), with the projections that add
+        into the residual stream scaled by 1/sqrt(2 n_layer) so its variance does not grow with
+        depth; norms start at 1; routers start as in the paper (see their reset_parameters)."""
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+        for block in self.blocks:
+            for proj in (block.attn.o_proj, block.mlp.c_proj):
+                nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
+        for router in self.routers():
+            router.reset_parameters()
+
+    def forward(self, idx, targets=None, cache=None):
+        """idx: (B, T) token ids. Returns logits (B, T, vocab_size) and, given targets (B, T),
+        the mean cross-entropy (targets of -1 are ignored). With a cache, idx continues it."""
+        T = idx.size(1)
+        start = cache.pos if cache is not None else 0
+        if start + T > self.config.block_size:
+            raise ValueError(f"sequence of {start + T} tokens > block_size {self.config.block_size}")
+        x = self.wte(idx)  # (B, T, D)
+        memory = [] if self.config.router != 'none' else None  # LIMe's layer memory (raw K/V)
+        for block in self.blocks:
+            x = block(x, self.rotary, memory, cache)
+        if cache is not None:
+            cache.pos += T
+        x = self.ln_f(x)
+        logits = self.lm_head(x)[..., :self.config.vocab_size]  # the padded ids are never predicted
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1),
+                                   ignore_index=-1)
+        return logits, loss
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
+        """Continue idx (B, T) by max_new_tokens tokens, one at a time, with a KV cache.
+        temperature 0 (or top_k 1) is greedy. When the cache is full (block_size tokens), it is
+        rebuilt from the most recent block_size // 2 tokens, so generation can go on forever."""
+        block_size = self.config.block_size
+        cache = KVCache(self.config.n_layer, block_size)
+        pending = idx[:, -block_size:]  # tokens not in the cache yet
+        for _ in range(max_new_tokens):
+            if cache.pos + pending.size(1) > block_size:
+                cache.pos = 0
+                pending = idx[:, -(block_size // 2):]
+            logits, _ = self(pending, cache=cache)
+            logits = logits[:, -1, :].float()  # (B, vocab_size)
+            if temperature == 0:
+                next_id = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+                    logits = logits.masked_fill(logits < kth, float('-inf'))
+                next_id = torch.multinomial(F.softmax(logits, dim=-1), num_samples=1)
+            idx = torch.cat((idx, next_id), dim=1)
+            pending = next_id
+        return idx
+
+    # ------------------------------------------------------------------------------------------
+    # Analysis: how much each layer reads from each earlier layer
+
+    @torch.no_grad()
+    def routing_weights(self, idx=None):
+        """weights[l, g, m]: the share of layer l's kv head g drawn from source layer m, shape
+        (n_layer, n_kv_head, n_layer); each row sums to 1 and is 0 for m > l (paper Fig. 13).
+        Static: |R| summed per source layer and normalised. Dynamic: probabilities averaged over
+        the tokens of idx (B, T), which it needs. Layers without a router read only themselves."""
+        L, G = self.config.n_layer, self.config.n_kv_head
+        weights = torch.zeros(L, G, L)
+        for l in range(L):
+            weights[l, :, l] = 1.0
+        if self.config.router == 'static':
+            for l, router in enumerate(self.routers(), start=1):
+                per_layer = router.mix_weights().abs().view(G, l + 1, G).sum(-1)  # (G, S)
+                weights[l, :, :l + 1] = per_layer / per_layer.sum(-1, keepdim=True)
+        elif self.config.router == 'dynamic':
+            if idx is None:
+                raise ValueError("the dynamic router's weights depend on the tokens: pass idx")
+            captured = []
+            hooks = [r.register_forward_hook(lambda r, args, out: captured.append(
+                r.mix_weights(args[0]).mean(dim=(0, 1)))) for r in self.routers()]  # (G, S) each
+            try:
+                self(idx)
+            finally:
+                for hook in hooks:
+                    hook.remove()
+            for l, probs in enumerate(captured, start=1):
+                weights[l, :, :l + 1] = probs.cpu()
+        return weights
+
+    # ------------------------------------------------------------------------------------------
+    # Training helpers: optimizer groups, FLOPs and MFU
+
+    def configure_optimizers(self, weight_decay, learning_rate, router_lr, betas=(0.9, 0.95),
+                             eps=1e-8, fused=False):
+        """AdamW with the paper's groups: matrices decay, vectors (norm gains, biases) do not;
+        router parameters train at router_lr (paper: 10x), and the static router's R is not
+        decayed (decay would pull it away from its identity init, toward reading nothing)."""
+        router_params = {p for r in self.routers() for p in r.parameters()}
+        static_params = {r.weight for r in self.routers() if isinstance(r, StaticRouter)}
+        groups = {}
+        for p in self.parameters():
+            lr = router_lr if p in router_params else learning_rate
+            wd = weight_decay if p.dim() >= 2 and p not in static_params else 0.0
+            groups.setdefault((lr, wd), []).append(p)
+        param_groups = [{'params': ps, 'lr': lr, 'weight_decay': wd} for (lr, wd), ps in groups.items()]
+        return torch.optim.AdamW(param_groups, lr=learning_rate, betas=betas, eps=eps, fused=fused)
+
+    def num_params(self):
+        return sum(p.numel() for p in self.parameters())  # the tied embedding counts once
+
+    def flops_per_token(self, seq_len=None):
+        """Training FLOPs per token (forward + backward = 3x forward), PaLM-style: 6 per weight
+        used in a matmul, plus attention scores, plus LIMe's mixing of keys/values."""
+        cfg = self.config
+        T = seq_len or cfg.block_size
+        hs = cfg.n_embd // cfg.n_head
+        static_weights = sum(r.weight.numel() for r in self.routers() if isinstance(r, StaticRouter))
+        matmuls = 6 * (self.num_params() - static_weights)  # includes lm_head via the tied wte
+        attention = 6 * 2 * cfg.n_layer * cfg.n_head * hs * T  # q.k and attn @ v, one multiply-add each
+        # Each static weight R[g, m, h] is one multiply-add per channel of k and of v (2 * hs);
+        # dynamic: one multiply-add per (head, source layer, channel of k and v).
+        dynamic_weights = sum(cfg.n_kv_head * r.n_source for r in self.routers()
+                              if isinstance(r, DynamicRouter))
+        routing = 6 * 2 * hs * (static_weights + dynamic_weights)
+        return matmuls + attention + routing
+
+    def estimate_mfu(self, tokens_per_second, peak_flops=989e12, seq_len=None):
+        """Model FLOPs utilisation: achieved training FLOP/s over the device's peak (default: H100
+        SXM bf16 dense, 989 TFLOP/s)."""
+        return self.flops_per_token(seq_len) * tokens_per_second / peak_flops

@@ -1,0 +1,269 @@
+"""
+Tests for lime.py (the model). Each test pins one property that could break; closeness checks
+print the largest difference when they fail.
+
+    python -m pytest -q
+"""
+import math
+
+import pytest
+import torch
+
+from lime import GPT, GPTConfig, StaticRouter, top_p_mask
+
+ROUTERS = ['none', 'static', 'dynamic']
+
+
+def tiny_config(**overrides):
+    args = dict(block_size=32, vocab_size=101, n_layer=4, n_head=4, n_embd=32)
+    args.update(overrides)
+    return GPTConfig(**args)
+
+
+def tiny_model(seed=0, **overrides):
+    torch.manual_seed(seed)
+    return GPT(tiny_config(**overrides)).eval()
+
+
+def assert_close(a, b, atol=1e-5, what='tensors'):
+    diff = (a - b).abs().max().item()
+    assert diff <= atol, f"{what} differ: max abs difference {diff:.3g} > {atol:.3g}"
+
+
+def baseline_and_lime(router, **overrides):
+    """A 'none' model and a LIMe model that shares all its weights."""
+    base = tiny_model(router='none', **overrides)
+    lime = tiny_model(seed=1, router=router, **overrides)
+    missing, unexpected = lime.load_state_dict(base.state_dict(), strict=False)
+    assert not unexpected and all('.router.' in name for name in missing)
+    return base, lime
+
+
+@pytest.mark.parametrize('n_kv_head', [4, 2])
+def test_static_router_with_identity_weights_equals_baseline(n_kv_head):
+    base, lime = baseline_and_lime('static', n_kv_head=n_kv_head)
+    with torch.no_grad():
+        for router in lime.routers():
+            router.weight.zero_()
+            router.weight[:, -n_kv_head:] = torch.eye(n_kv_head)  # read only its own layer
+    idx = torch.randint(0, 101, (2, 20))
+    assert_close(lime(idx)[0], base(idx)[0], what='static-identity and baseline logits')
+
+
+def test_dynamic_router_forced_to_own_layer_equals_baseline():
+    base, lime = baseline_and_lime('dynamic', n_kv_head=2)
+    with torch.no_grad():
+        for router in lime.routers():
+            bias = router.proj.bias.view(router.n_kv_head, router.n_source)
+            bias.zero_()
+            bias[:, -1] = 1e4  # softmax puts exactly all the weight on the own layer
+    idx = torch.randint(0, 101, (2, 20))
+    assert_close(lime(idx)[0], base(idx)[0], what='dynamic-own-layer and baseline logits')
+
+
+def test_lime_routers_change_the_output_at_init():
+    # The converse of the two tests above: a router that reads other layers must matter,
+    # otherwise the identity tests would pass for a router that is never applied.
+    base, _ = baseline_and_lime('static')
+    idx = torch.randint(0, 101, (2, 20))
+    for router in ('static', 'dynamic'):
+        _, lime = baseline_and_lime(router)
+        diff = (lime(idx)[0] - base(idx)[0]).abs().max().item()
+        assert diff > 1e-3, f"{router} router at init gives the baseline's logits (diff {diff:.3g})"
+
+
+@pytest.mark.parametrize('router', ROUTERS)
+def test_future_tokens_do_not_leak(router):
+    model = tiny_model(router=router, n_kv_head=2)
+    idx = torch.randint(0, 101, (2, 24))
+    t = 11
+    changed = idx.clone()
+    changed[:, t + 1:] = (changed[:, t + 1:] + 7) % 101
+    before, after = model(idx)[0], model(changed)[0]
+    assert_close(after[:, :t + 1], before[:, :t + 1], what=f'logits up to position {t}')
+    assert (after[:, t + 1:] - before[:, t + 1:]).abs().max() > 1e-4, "later logits did not change"
+
+
+def greedy_by_full_recompute(model, idx, steps):
+    for _ in range(steps):
+        logits, _ = model(idx)
+        idx = torch.cat((idx, logits[:, -1].argmax(-1, keepdim=True)), dim=1)
+    return idx
+
+
+@pytest.mark.parametrize('router', ROUTERS)
+@pytest.mark.parametrize('n_kv_head', [4, 1])
+def test_cached_greedy_generation_equals_full_recompute(router, n_kv_head):
+    model = tiny_model(router=router, n_kv_head=n_kv_head)
+    prompt = torch.randint(0, 101, (3, 5))
+    steps = model.config.block_size - prompt.size(1)  # fill the context exactly
+    expected = greedy_by_full_recompute(model, prompt, steps)
+    assert torch.equal(model.generate(prompt, steps, temperature=0), expected)
+    assert torch.equal(model.generate(prompt, steps, top_k=1), expected)
+
+
+def test_generation_goes_past_block_size_and_never_samples_padding():
+    model = tiny_model(router='static')
+    assert model.wte.weight.size(0) == 128  # 101 padded to a multiple of 64
+    with torch.no_grad():
+        model.wte.weight[101:] = 10.0  # padded rows that would win every sample if not cut off
+    out = model.generate(torch.zeros(2, 3, dtype=torch.long), 3 * model.config.block_size)
+    assert out.shape == (2, 3 + 3 * model.config.block_size)
+    assert out.max().item() < 101
+
+
+@pytest.mark.parametrize('router', ['static', 'dynamic'])
+def test_gradients_reach_routers_and_every_earlier_layers_kv(router):
+    model = tiny_model(router=router, n_kv_head=2)
+    last = model.routers()[-1]
+    seen = {}
+    last.register_forward_hook(lambda r, args, out: seen.update(memory=args[1], out=out))
+    idx = torch.randint(0, 101, (2, 16))
+    _, loss = model(idx, idx)
+    # The last layer's routed keys/values depend directly on every layer's raw keys/values.
+    grads = torch.autograd.grad(seen['out'].square().sum(), seen['memory'], retain_graph=True)
+    for m, g in enumerate(grads):
+        assert g.abs().sum() > 0, f"no gradient from the last router to layer {m}'s keys/values"
+    loss.backward()
+    for name, p in model.named_parameters():
+        if '.router.' in name or 'kv_proj' in name:
+            assert p.grad is not None and p.grad.abs().sum() > 0, f"no gradient reaches {name}"
+
+
+@pytest.mark.parametrize('router', ['static', 'dynamic'])
+@pytest.mark.parametrize('n_kv_head', [4, 2])
+def test_parameter_overhead_matches_formula(router, n_kv_head):
+    cfg = dict(n_layer=5, n_kv_head=n_kv_head)
+    extra = tiny_model(router=router, **cfg).num_params() - tiny_model(router='none', **cfg).num_params()
+    L, G, D = 5, n_kv_head, 32
+    sources = sum(l + 1 for l in range(1, L))  # layer l >= 1 reads layers 0..l
+    expected = G * G * sources if router == 'static' else (D + 1) * G * sources  # R; or Wr and bias
+    assert extra == expected
+
+
+def test_static_router_init_matches_paper():
+    model = tiny_model(router='static', n_layer=8, n_kv_head=4)
+    for l, router in enumerate(model.routers(), start=1):
+        R = router.weight.detach()
+        assert R.shape == (4, 4 * (l + 1))
+        assert torch.equal(R[:, -4:], torch.eye(4)), f"layer {l}: own-layer block is not the identity"
+        others = R[:, :-4]
+        bound = math.sqrt(3 / (4 * (l + 1)))
+        assert others.abs().max() <= bound, f"layer {l}: entry outside U(-{bound:.3f}, {bound:.3f})"
+        assert others.std() > 0.3 * bound, f"layer {l}: off-diagonal blocks are not random"
+
+
+def test_dynamic_router_starts_close_to_baseline():
+    model = tiny_model(router='dynamic', n_kv_head=2)
+    weights = model.routing_weights(torch.randint(0, 101, (2, 16)))
+    for l in range(1, model.config.n_layer):
+        assert_close(weights[l, :, l], torch.full((2,), 0.9), what=f'layer {l} own-layer weight')
+
+
+@pytest.mark.parametrize('router', ROUTERS)
+def test_routing_weights_are_distributions_over_earlier_layers(router):
+    model = tiny_model(router=router)
+    weights = model.routing_weights(torch.randint(0, 101, (2, 16)))
+    L = model.config.n_layer
+    assert weights.shape == (L, 4, L)
+    assert_close(weights.sum(-1), torch.ones(L, 4), what='row sums')
+    later = torch.ones(L, L).triu(diagonal=1).bool()  # [l, m] is True where m > l
+    assert torch.all(weights.permute(1, 0, 2)[:, later] == 0), "a layer reads a later layer"
+
+
+def test_top_p_mask_keeps_the_smallest_set_reaching_p():
+    torch.manual_seed(0)
+    weights = torch.rand(50, 9) ** 3  # skewed, so the kept sets vary in size
+    assert torch.equal(top_p_mask(weights, 1.0), torch.ones_like(weights))
+    for p in (0.3, 0.6, 0.9):
+        mask = top_p_mask(weights, p)
+        share = weights / weights.sum(-1, keepdim=True)
+        kept = (share * mask).sum(-1)
+        assert torch.all(kept >= p - 1e-6), f"p={p}: kept mass {kept.min():.3f} < p"
+        # Minimal: dropping the smallest kept entry falls below p.
+        smallest_kept = torch.where(mask > 0, share, torch.inf).min(-1).values
+        assert torch.all(kept - smallest_kept < p), f"p={p}: kept set is not the smallest"
+        assert torch.all(mask.sum(-1) >= 1)
+
+
+def test_dynamic_top_p_renormalises_and_zeroes_the_rest():
+    model = tiny_model(router='dynamic', n_layer=6, router_top_p=0.7)
+    with torch.no_grad():
+        for router in model.routers():
+            router.proj.weight.normal_(0, 0.3)  # varied probabilities, token by token
+    router = model.routers()[-1]
+    h = torch.randn(2, 10, 32)
+    probs = router.mix_weights(h)
+    unpruned = router.proj(h).view(2, 10, router.n_kv_head, -1).softmax(-1)
+    kept = probs > 0
+    assert_close(probs.sum(-1), torch.ones(2, 10, 4), what='pruned probability sums')
+    assert torch.all((unpruned * kept).sum(-1) >= 0.7 - 1e-6)
+    assert kept.sum() < kept.numel(), "nothing was pruned at p = 0.7"
+    # Kept probabilities keep their ratios: they are the originals scaled by one factor per head.
+    ratio = torch.where(kept, probs / unpruned, torch.nan)
+    assert_close(ratio.nanmean(-1, keepdim=True).expand_as(ratio)[kept], ratio[kept], 1e-4,
+                 what='scale factors within a head')
+
+
+def test_static_top_p_zeroes_weights_and_gradients_outside_the_kept_set():
+    model = tiny_model(router='static', n_layer=6, router_top_p=0.5)
+    router = model.routers()[-1]
+    R, used = router.weight, router.mix_weights()
+    kept = used != 0
+    assert kept.sum() < kept.numel(), "nothing was pruned at p = 0.5"
+    assert torch.equal(used[kept], R[kept]), "static weights must be zeroed, not rescaled"
+    assert torch.all((R.abs() * kept).sum(-1) >= 0.5 * R.abs().sum(-1))
+    idx = torch.randint(0, 101, (2, 16))
+    model(idx, idx)[1].backward()
+    assert torch.all(R.grad[~kept] == 0) and R.grad[kept].abs().min() > 0
+
+
+def test_optimizer_groups_follow_the_paper():
+    model = tiny_model(router='static')
+    opt = model.configure_optimizers(weight_decay=0.1, learning_rate=1e-3, router_lr=1e-2)
+    group_of = {p: g for g in opt.param_groups for p in g['params']}
+    assert len(group_of) == len(list(model.parameters()))
+    for name, p in model.named_parameters():
+        g = group_of[p]
+        is_router = isinstance(dict(model.named_modules())[name.rsplit('.', 1)[0]], StaticRouter)
+        assert g['lr'] == (1e-2 if is_router else 1e-3), name
+        assert g['weight_decay'] == (0.1 if p.dim() >= 2 and not is_router else 0.0), name
+    dyn = tiny_model(router='dynamic')
+    opt = dyn.configure_optimizers(weight_decay=0.1, learning_rate=1e-3, router_lr=1e-2)
+    group_of = {p: g for g in opt.param_groups for p in g['params']}
+    router = dyn.routers()[0]
+    assert (group_of[router.proj.weight]['lr'], group_of[router.proj.weight]['weight_decay']) == (1e-2, 0.1)
+    assert (group_of[router.proj.bias]['lr'], group_of[router.proj.bias]['weight_decay']) == (1e-2, 0.0)
+
+
+def test_flops_per_token_counts_routing():
+    base, static = tiny_model(router='none'), tiny_model(router='static')
+    L, D, T, hs = 4, 32, 32, 8
+    n = base.num_params()
+    assert base.flops_per_token() == 6 * n + 12 * L * D * T
+    R = sum(r.weight.numel() for r in static.routers())
+    assert static.flops_per_token() - base.flops_per_token() == 6 * 2 * hs * R
+    assert math.isclose(static.estimate_mfu(1e6, peak_flops=1e12), static.flops_per_token() * 1e6 / 1e12)
+
+
+@pytest.mark.parametrize('router', ROUTERS)
+def test_compiles_as_one_graph_and_matches_eager(router):
+    # fullgraph=True fails on any graph break; the aot_eager backend traces forward and backward
+    # like inductor does, without the minutes of C++ compilation a CPU run of inductor costs.
+    torch._dynamo.reset()
+    model = tiny_model(router=router, n_kv_head=2, router_top_p=0.9 if router != 'none' else 1.0)
+    compiled = torch.compile(model, fullgraph=True, backend='aot_eager')
+    idx = torch.randint(0, 101, (2, 16))
+    logits, loss = compiled(idx, idx)
+    loss.backward()
+    assert_close(logits, model(idx)[0], what='compiled and eager logits')
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_bad_config_raises_a_clear_error():
+    with pytest.raises(ValueError, match='router must be one of'):
+        GPTConfig(router='statc')
+    with pytest.raises(ValueError, match='multiple of n_kv_head'):
+        GPTConfig(n_head=12, n_kv_head=5)
+    with pytest.raises(ValueError, match='router_top_p'):
+        GPTConfig(router_top_p=0.0)
