@@ -379,12 +379,14 @@ class GPT(nn.Module):
         decayed (decay would pull it away from its identity init, toward reading nothing)."""
         router_params = {p for r in self.routers() for p in r.parameters()}
         static_params = {r.weight for r in self.routers() if isinstance(r, StaticRouter)}
-        groups = {}
+        # Groups by role, not by value, so a checkpoint's optimizer state fits any learning rates.
+        groups = {('main', True): [], ('main', False): [], ('router', True): [], ('router', False): []}
         for p in self.parameters():
-            lr = router_lr if p in router_params else learning_rate
-            wd = weight_decay if p.dim() >= 2 and p not in static_params else 0.0
-            groups.setdefault((lr, wd), []).append(p)
-        param_groups = [{'params': ps, 'lr': lr, 'weight_decay': wd} for (lr, wd), ps in groups.items()]
+            decay = p.dim() >= 2 and p not in static_params
+            groups['router' if p in router_params else 'main', decay].append(p)
+        param_groups = [{'params': params, 'lr': router_lr if role == 'router' else learning_rate,
+                         'weight_decay': weight_decay if decay else 0.0}
+                        for (role, decay), params in groups.items() if params]
         return torch.optim.AdamW(param_groups, lr=learning_rate, betas=betas, eps=eps, fused=fused)
 
     def num_params(self):

@@ -1,0 +1,22 @@
+"""A small LIMe model on Python's documentation (python prepare.py), in about five minutes on two
+CPU cores:
+    python train.py config/cpu_demo.py
+"""
+out_dir = 'out/cpu_demo'
+data_dir = 'data/pydoc'
+device = 'cpu'
+eval_interval = 50
+eval_iters = 8
+log_interval = 10
+n_layer = 8
+n_head = 4
+n_embd = 128
+block_size = 128
+router = 'static'
+batch_size = 8
+gradient_accumulation_steps = 1
+learning_rate = 3e-3  # a model this small trains well with a higher rate than the paper's 1e-3
+router_lr = 3e-2
+max_iters = 250
+warmup_iters = 25
+min_lr = 3e-4

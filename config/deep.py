@@ -1,0 +1,17 @@
+"""The paper's deep-narrow models: 256 wide, 8 heads, SwiGLU 1024, 32 layers here; the paper also
+trains 64 and 128 (--n_layer=64), where LIMe's lead grows (a 64-layer LIMe beats a 128-layer LLaMA).
+Routing reads O(n_layer^2) keys/values per token, so a deep LIMe step costs noticeably more.
+    python train.py config/deep.py --router=none --max_iters=5000
+"""
+out_dir = 'out/deep'
+data_dir = 'data/fineweb_edu'
+n_layer = 32
+n_head = 8
+n_embd = 256
+mlp_hidden = 1024
+block_size = 2048
+batch_size = 16
+gradient_accumulation_steps = 64  # 16 x 64 = 1024 sequences = 2.1M tokens per step, as in the paper
+max_iters = 20000
+warmup_iters = 200
+eval_interval = 500

@@ -1,0 +1,267 @@
+"""
+Tokenize text with the GPT-2 BPE into the binary shards that train.py reads. One source per run:
+
+    python prepare.py                                   # Python's own docs, shipped with Python: no download
+    python prepare.py --input a.txt b.jsonl c.jsonl.gz  # local files (.jsonl: one {"text": ...} per line)
+    python prepare.py --source fineweb --max_tokens 1B  # FineWeb-Edu sample-10BT (pip install datasets)
+
+and then, e.g., `python train.py --data_dir=data/pydoc`. `python prepare.py -h` lists all options.
+
+Each document becomes <|endoftext|> followed by its tokens, so the model is always told where a new document
+starts, and documents are packed back to back. Every --val_every-th document goes to validation until that
+split holds --val_tokens tokens; all others go to training.
+
+Shards use the llm.c / modded-nanogpt format: a header of 256 int32 (magic 20240520, version 1, token count)
+followed by the tokens as little-endian uint16. Shard 0 holds validation, `{prefix}_val_000000.bin`, and
+training follows in `{prefix}_train_000001.bin`, `{prefix}_train_000002.bin`, ... Because format and naming
+match, existing pre-tokenized GPT-2 FineWeb-Edu shards in this format can be dropped into a directory and
+used with train.py --data_dir as they are. train.py imports read_shard() from here to load them.
+"""
+import argparse
+import glob
+import gzip
+import itertools
+import json
+import os
+import sys
+from multiprocessing import Pool
+
+import numpy as np
+import tiktoken
+from tqdm import tqdm
+
+MAGIC, VERSION = 20240520, 1  # identify the llm.c / modded-nanogpt shard format
+HEADER_INTS = 256
+HEADER_BYTES = HEADER_INTS * 4
+EOT = 50256  # GPT-2's <|endoftext|>; its largest id, so every GPT-2 token fits in a uint16
+PREFIXES = {"pydoc": "pydoc", "local": "local", "fineweb": "fineweb_edu"}  # source -> shard name prefix
+
+# -----------------------------------------------------------------------------
+# shard files
+
+
+def write_shard(path, tokens):
+    """Write token ids as one shard, atomically: an interrupted write never leaves a file under `path`."""
+    tokens = np.asarray(tokens)
+    if tokens.size and not (tokens.min() >= 0 and tokens.max() < 2**16):
+        raise ValueError(f"{path}: token ids must lie in [0, 65536) to be stored as uint16")
+    header = np.zeros(HEADER_INTS, dtype="<i4")
+    header[:3] = MAGIC, VERSION, len(tokens)
+    tmp = f"{path}.tmp"  # same directory, so the rename below stays within one filesystem
+    try:
+        with open(tmp, "wb") as f:
+            f.write(header.tobytes())
+            f.write(tokens.astype("<u2").tobytes())
+            f.flush()
+            os.fsync(f.fileno())  # the bytes must be on disk before the rename makes them visible
+        os.replace(tmp, path)  # atomic: readers see no file, or the old one, or the whole new one
+    except BaseException:  # Ctrl-C included: a half-written .tmp is useless to anyone
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def read_shard(path):
+    """A shard's tokens as a read-only uint16 array mapped from disk (pages load only when used).
+    Raises ValueError, naming the file, if it is not one whole shard."""
+    size = os.path.getsize(path)
+    if size < HEADER_BYTES:
+        raise ValueError(f"{path}: {size} bytes is too short to hold the {HEADER_BYTES}-byte shard header")
+    magic, version, n = (int(x) for x in np.fromfile(path, dtype="<i4", count=3))
+    if magic != MAGIC:
+        raise ValueError(f"{path}: bad magic number {magic} (expected {MAGIC}): not a token shard")
+    if version != VERSION:
+        raise ValueError(f"{path}: unsupported shard version {version} (expected {VERSION})")
+    held = (size - HEADER_BYTES) // 2
+    if size != HEADER_BYTES + 2 * n:
+        problem = "truncated" if held < n else "size mismatch"
+        raise ValueError(f"{path}: {problem}: header says {n} tokens, file holds {held}")
+    return np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(n,))
+
+
+# -----------------------------------------------------------------------------
+# sources: each yields documents as strings
+
+
+class InputError(Exception):
+    """Bad input: main() reports it in one line, without a traceback."""
+
+
+def pydoc_documents(max_chars=3000):
+    """Python's bundled documentation (pydoc_data, ~465K characters) in pieces of about max_chars.
+    Its topics run from 200 to 62K characters; cutting long ones at paragraph breaks keeps a single
+    big topic from landing whole in (or out of) the 5% validation split."""
+    from pydoc_data.topics import topics  # here, not at the top, so importing prepare.py stays cheap
+    for name in sorted(topics):
+        parts, chars = [], 0
+        for paragraph in topics[name].split("\n\n"):
+            if parts and chars + len(paragraph) > max_chars:
+                yield "\n\n".join(parts)
+                parts, chars = [], 0
+            parts.append(paragraph)
+            chars += len(paragraph) + 2
+        yield "\n\n".join(parts)
+
+
+def record_text(record, where):
+    """The string field `text` of one record; `where` says which record, for the error message."""
+    if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+        raise InputError(f"{where}: expected a JSON object with a string field 'text'")
+    return record["text"]
+
+
+def file_documents(path):
+    """A .txt file is one document; a .jsonl or .jsonl.gz file holds one JSON record per line."""
+    if path.endswith(".txt"):
+        with open(path, "rb") as f:
+            data = f.read()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InputError(f"{path}: not UTF-8 text ({e})")
+        yield text
+        return
+    with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)  # given bytes, json also reports bad UTF-8 as a ValueError
+            except ValueError as e:
+                raise InputError(f"{path}:{lineno}: not valid JSON ({e})")
+            yield record_text(record, f"{path}:{lineno}")
+
+
+def local_documents(paths):
+    """Documents from local files, all checked up front rather than halfway through a long run."""
+    for path in paths:
+        if not os.path.isfile(path):
+            raise InputError(f"{path}: no such file")
+        if not path.endswith((".txt", ".jsonl", ".jsonl.gz")):
+            raise InputError(f"{path}: unknown file type; expected .txt, .jsonl or .jsonl.gz")
+    return itertools.chain.from_iterable(file_documents(path) for path in paths)
+
+
+def fineweb_texts(records):
+    """The text of each FineWeb-Edu record (a dict with `text`, `id`, `url`, `score`, ...)."""
+    return (record_text(record, f"fineweb-edu record {i}") for i, record in enumerate(records))
+
+
+def fineweb_documents():
+    """FineWeb-Edu's 10B-token sample, streamed record by record from the Hugging Face hub."""
+    try:
+        import datasets  # optional: only this source needs it
+    except ImportError:
+        raise InputError("--source fineweb needs the Hugging Face datasets package: pip install datasets")
+    records = datasets.load_dataset("HuggingFaceFW/fineweb-edu", name="sample-10BT", split="train",
+                                    streaming=True)
+    return fineweb_texts(records)
+
+
+# -----------------------------------------------------------------------------
+# tokenize and write
+
+
+def tokenize(text):
+    """<|endoftext|> then the document's GPT-2 tokens. Runs in the pool's worker processes."""
+    enc = tiktoken.get_encoding("gpt2")  # tiktoken caches it: each worker loads the BPE only once
+    return np.array([EOT] + enc.encode_ordinary(text), dtype=np.uint16)
+
+
+def prepare(documents, out_dir, prefix, args):
+    """Tokenize documents in parallel, split them into validation and training, and write the shards."""
+    def shard_path(split, index):
+        return os.path.join(out_dir, f"{prefix}_{split}_{index:06d}.bin")
+
+    val = []  # validation documents, written last as shard 0
+    buf, fill = np.empty(args.shard_size, dtype=np.uint16), 0  # the training shard being filled
+    n_docs = n_val = n_train = n_train_shards = 0
+    # imap keeps the documents in order, so a run is reproducible; chunks amortize the inter-process traffic.
+    with Pool(args.workers) as pool, tqdm(total=args.max_tokens, unit="tok", unit_scale=True) as bar:
+        for tokens in pool.imap(tokenize, documents, chunksize=16):
+            bar.update(len(tokens))
+            if n_docs % args.val_every == 0 and n_val < args.val_tokens:
+                val.append(tokens)
+                n_val += len(tokens)
+            else:
+                n_train += len(tokens)
+                while len(tokens):  # a document may straddle two shards (or, if long, span several)
+                    take = min(len(tokens), args.shard_size - fill)
+                    buf[fill:fill + take] = tokens[:take]
+                    fill, tokens = fill + take, tokens[take:]
+                    if fill == args.shard_size:
+                        n_train_shards += 1
+                        write_shard(shard_path("train", n_train_shards), buf)
+                        fill = 0
+            n_docs += 1
+            if args.max_tokens and n_val + n_train >= args.max_tokens:
+                break
+    if n_train == 0:
+        raise InputError(f"got {n_docs} document(s); need at least 2, since the first goes to validation")
+    if fill:
+        n_train_shards += 1
+        write_shard(shard_path("train", n_train_shards), buf[:fill])
+    write_shard(shard_path("val", 0), np.concatenate(val))
+    print(f"wrote {n_train_shards + 1} shards to {out_dir} ({n_docs:,} documents): "
+          f"val {n_val:,} tokens, train {n_train:,} tokens")
+    print(f"next: python train.py --data_dir={out_dir}")
+
+
+def count(text):
+    """A positive count: '500K', '100M', '2.5B' or a plain integer."""
+    scale = {"K": 10**3, "M": 10**6, "B": 10**9}.get(text[-1:].upper(), 1)
+    try:
+        n = round(float(text[:-1] if scale > 1 else text) * scale)
+    except (ValueError, OverflowError):
+        n = 0
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive count like 500K, 100M, 2.5B or 1000: {text!r}")
+    return n
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="Tokenize text into GPT-2 token shards for train.py.")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--input", nargs="+", metavar="PATH", help=".txt, .jsonl or .jsonl.gz files")
+    source.add_argument("--source", choices=["pydoc", "fineweb"], default="pydoc",
+                        help="built-in source, when no --input is given (default: pydoc)")
+    parser.add_argument("--out_dir", help="where the shards go (default: data/pydoc, data/local or "
+                        "data/fineweb_edu)")
+    parser.add_argument("--max_tokens", type=count, metavar="N",
+                        help="stop after about N tokens, in whole documents (default: use everything)")
+    parser.add_argument("--shard_size", type=count, default=10**8, metavar="N",
+                        help="tokens per training shard (default 100M: 200 MB, small enough to load whole)")
+    parser.add_argument("--val_every", type=count, default=20, metavar="N",
+                        help="every N-th document goes to validation... (default 20, i.e. 5%%)")
+    parser.add_argument("--val_tokens", type=count, default=10**7, metavar="N",
+                        help="...until it holds N tokens (default 10M, plenty for a low-noise val loss)")
+    parser.add_argument("--workers", type=count, default=os.cpu_count(), metavar="N",
+                        help="tokenizer processes (default: one per CPU core)")
+    args = parser.parse_args(argv)
+
+    name = "local" if args.input else args.source
+    prefix = PREFIXES[name]
+    out_dir = args.out_dir or os.path.join("data", prefix)
+    # The validation shard is written last: with it, a finished run is there already and is kept;
+    # without it, shards left by an interrupted run are deleted, so none mixes into the new set.
+    old_shards = glob.glob(os.path.join(out_dir, f"{prefix}_*.bin"))
+    if os.path.exists(os.path.join(out_dir, f"{prefix}_val_000000.bin")):
+        print(f"{out_dir} already holds {len(old_shards)} shards: kept (delete them to prepare anew)")
+        return
+    for path in old_shards:
+        os.remove(path)
+    try:
+        if name == "local":
+            documents = local_documents(args.input)
+        elif name == "fineweb":
+            documents = fineweb_documents()
+        else:
+            documents = pydoc_documents()
+        os.makedirs(out_dir, exist_ok=True)
+        prepare(documents, out_dir, prefix, args)
+    except InputError as e:
+        sys.exit(f"prepare.py: error: {e}")
+
+
+if __name__ == "__main__":
+    main()

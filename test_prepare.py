@@ -1,0 +1,293 @@
+"""
+Tests for prepare.py: the shard format, the val/train split, the sources and the error messages.
+Offline and CPU only: python -m pytest -q test_prepare.py
+"""
+import gzip
+import json
+import os
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+import tiktoken
+
+import prepare
+
+ENC = tiktoken.get_encoding("gpt2")  # loaded before the pool forks, so its workers need not load it again
+PREPARE_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "prepare.py")
+
+
+def make_texts(n):
+    # Distinct, non-ASCII-heavy documents, so a mix-up or a bad decode shows in the round trip.
+    return [f"Document {i}: naïve café — {i * 7919} 日本語 😀\n" + "the quick brown fox " * (i % 5 + 1)
+            for i in range(n)]
+
+
+def write_jsonl_gz(path, texts):
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        for i, text in enumerate(texts):
+            f.write(json.dumps({"text": text, "id": i}) + "\n")
+    return str(path)
+
+
+def run(out_dir, *args):
+    prepare.main([*args, "--out_dir", str(out_dir), "--workers", "2"])
+    return sorted(os.listdir(out_dir))
+
+
+def split_documents(tokens):
+    """Token stream -> list of documents, each starting with its <|endoftext|>."""
+    return [list(doc) for doc in np.split(tokens, np.flatnonzero(tokens == prepare.EOT))[1:]]
+
+
+def read_documents(path):
+    return split_documents(prepare.read_shard(path))
+
+
+def expected_tokens(text):
+    return [prepare.EOT] + ENC.encode_ordinary(text)
+
+
+# -----------------------------------------------------------------------------
+# end to end
+
+
+def test_local_jsonl_gz_round_trips_through_val_and_train_shards(tmp_path):
+    texts = make_texts(40)
+    path = write_jsonl_gz(tmp_path / "docs.jsonl.gz", texts)
+    out = tmp_path / "out"
+    assert run(out, "--input", path, "--val_every", "5") == ["local_train_000001.bin", "local_val_000000.bin"]
+
+    for name in ["local_val_000000.bin", "local_train_000001.bin"]:
+        header = np.fromfile(out / name, dtype="<i4", count=256)
+        assert header[0] == 20240520 and header[1] == 1
+        assert os.path.getsize(out / name) == 256 * 4 + 2 * header[2]
+    val = read_documents(out / "local_val_000000.bin")
+    train = read_documents(out / "local_train_000001.bin")
+    val_texts = [t for i, t in enumerate(texts) if i % 5 == 0]
+    train_texts = [t for i, t in enumerate(texts) if i % 5 != 0]
+    assert val == [expected_tokens(t) for t in val_texts]
+    assert train == [expected_tokens(t) for t in train_texts]
+    assert [ENC.decode(doc[1:]) for doc in val + train] == val_texts + train_texts
+
+
+def test_default_source_writes_nonempty_val_and_train_shards_from_pydoc(tmp_path):
+    out = tmp_path / "out"
+    assert run(out) == ["pydoc_train_000001.bin", "pydoc_val_000000.bin"]
+    val = prepare.read_shard(out / "pydoc_val_000000.bin")
+    train = prepare.read_shard(out / "pydoc_train_000001.bin")
+    assert len(val) > 0 and len(train) > 0
+    # The 5% split is only representative if it is made of many documents and holds about 5% of the tokens.
+    assert (val == prepare.EOT).sum() >= 5
+    assert 0.03 < len(val) / (len(val) + len(train)) < 0.1
+
+
+def test_max_tokens_stops_after_the_document_that_reaches_it(tmp_path):
+    texts = make_texts(200)
+    path = write_jsonl_gz(tmp_path / "docs.jsonl.gz", texts)
+    out = tmp_path / "out"
+    run(out, "--input", path, "--max_tokens", "1K")
+    total = sum(len(prepare.read_shard(out / name)) for name in os.listdir(out))
+    lengths = np.cumsum([len(expected_tokens(t)) for t in texts])
+    assert total == lengths[np.searchsorted(lengths, 1000)]  # whole documents, the last one crossing 1K
+
+
+def test_training_shards_roll_over_at_shard_size(tmp_path):
+    texts = make_texts(60)
+    path = write_jsonl_gz(tmp_path / "docs.jsonl.gz", texts)
+    out = tmp_path / "out"
+    names = run(out, "--input", path, "--shard_size", "100")
+    train_names = [n for n in names if "_train_" in n]
+    assert train_names == [f"local_train_{i:06d}.bin" for i in range(1, len(train_names) + 1)]
+    sizes = [len(prepare.read_shard(out / n)) for n in train_names]
+    assert len(sizes) > 3 and all(s == 100 for s in sizes[:-1]) and 0 < sizes[-1] <= 100
+    # Documents straddle shard boundaries, but the shards joined give back every training document whole.
+    train = np.concatenate([prepare.read_shard(out / n) for n in train_names])
+    assert split_documents(train) == [expected_tokens(t) for i, t in enumerate(texts) if i % 20 != 0]
+
+
+def test_validation_stops_taking_documents_once_it_holds_val_tokens(tmp_path):
+    texts = make_texts(100)
+    path = write_jsonl_gz(tmp_path / "docs.jsonl.gz", texts)
+    out = tmp_path / "out"
+    run(out, "--input", path, "--val_every", "2", "--val_tokens", "100")
+    val = read_documents(out / "local_val_000000.bin")
+    n_val = 0
+    for i, doc in enumerate(val):  # every 2nd document, in order, until the 100 tokens are reached
+        assert n_val < 100 and doc == expected_tokens(texts[2 * i])
+        n_val += len(doc)
+    assert n_val >= 100
+
+
+def test_single_document_is_an_error_not_an_empty_training_split(tmp_path):
+    path = tmp_path / "one.txt"
+    path.write_text("just one document")
+    with pytest.raises(SystemExit, match="need at least 2"):
+        run(tmp_path / "out", "--input", str(path))
+    assert not list((tmp_path / "out").glob("*.bin"))
+
+
+def test_rerun_keeps_a_finished_set_and_replaces_an_interrupted_one(tmp_path, capsys):
+    path = write_jsonl_gz(tmp_path / "docs.jsonl.gz", make_texts(10))
+    out = tmp_path / "out"
+    run(out, "--input", path)
+    before = {p.name: p.stat().st_mtime_ns for p in out.glob("*.bin")}
+    run(out, "--input", path)
+    assert "kept" in capsys.readouterr().out
+    assert {p.name: p.stat().st_mtime_ns for p in out.glob("*.bin")} == before
+    # An interrupted run leaves training shards but no validation shard (it is written last).
+    (out / "local_val_000000.bin").unlink()
+    (out / "local_train_000009.bin").write_bytes(b"stale")
+    run(out, "--input", path)
+    assert not (out / "local_train_000009.bin").exists()
+    assert sorted(p.name for p in out.glob("*.bin")) == sorted(before)
+
+
+# -----------------------------------------------------------------------------
+# sources
+
+
+def test_txt_file_is_one_document_kept_byte_for_byte(tmp_path):
+    texts = ["first file\r\nwith Windows line ends\n", "second ☃ file\n\n\n"]
+    paths = []
+    for i, text in enumerate(texts):
+        paths.append(tmp_path / f"{i}.txt")
+        paths[-1].write_bytes(text.encode("utf-8"))
+    out = tmp_path / "out"
+    run(out, "--input", *map(str, paths))
+    docs = read_documents(out / "local_val_000000.bin") + read_documents(out / "local_train_000001.bin")
+    assert [ENC.decode(doc[1:]) for doc in docs] == texts
+
+
+def test_pydoc_documents_are_small_pieces_that_rejoin_into_the_topics():
+    from pydoc_data.topics import topics
+    docs = list(prepare.pydoc_documents())
+    assert len(docs) > 100 and max(map(len, docs)) < 10_000
+    assert "\n\n".join(docs) == "\n\n".join(topics[name] for name in sorted(topics))
+
+
+def test_fineweb_texts_takes_the_text_field_and_names_a_bad_record():
+    records = [{"text": "a", "id": "x", "score": 3.1}, {"text": "b", "id": "y", "score": 2.7}]
+    assert list(prepare.fineweb_texts(iter(records))) == ["a", "b"]
+    with pytest.raises(prepare.InputError, match="fineweb-edu record 1"):
+        list(prepare.fineweb_texts(iter([{"text": "a"}, {"body": "no text field"}])))
+
+
+def test_fineweb_source_streams_sample_10bt_into_fineweb_edu_shards(tmp_path, monkeypatch):
+    calls = []
+
+    def load_dataset(*args, **kwargs):
+        calls.append((args, kwargs))
+        return iter({"text": t, "id": str(i)} for i, t in enumerate(make_texts(30)))
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=load_dataset))
+    names = run(tmp_path / "out", "--source", "fineweb")
+    expected_call = (("HuggingFaceFW/fineweb-edu",), dict(name="sample-10BT", split="train", streaming=True))
+    assert calls == [expected_call]
+    assert names == ["fineweb_edu_train_000001.bin", "fineweb_edu_val_000000.bin"]
+
+
+def test_fineweb_without_datasets_package_says_pip_install_datasets(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # makes `import datasets` raise ImportError
+    with pytest.raises(SystemExit, match="pip install datasets"):
+        run(tmp_path / "out", "--source", "fineweb")
+
+
+# -----------------------------------------------------------------------------
+# errors a user sees
+
+
+def test_bad_json_line_exits_nonzero_with_file_and_line_in_one_line(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"text": "fine"}\n{"text": "also fine"}\n{"text": oops}\n')
+    command = [sys.executable, PREPARE_PY, "--input", str(path), "--out_dir", str(tmp_path / "out")]
+    result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("prepare.py: error: ") and f"{path}:3: not valid JSON" in last_line
+
+
+@pytest.mark.parametrize("line, problem", [('{"id": 1}', "string field 'text'"),
+                                           ('{"text": 42}', "string field 'text'"),
+                                           (b'{"text": "\xff"}', "not valid JSON")])
+def test_bad_record_is_reported_with_file_and_line(tmp_path, line, problem):
+    path = tmp_path / "bad.jsonl"
+    good = b'{"text": "fine"}\n'
+    path.write_bytes(good + (line if isinstance(line, bytes) else line.encode()) + b"\n" + good)
+    with pytest.raises(SystemExit, match=f"{path}:2: .*{problem}"):
+        run(tmp_path / "out", "--input", str(path))
+
+
+@pytest.mark.parametrize("name, problem", [("missing.jsonl", "no such file"),
+                                           ("notes.md", "unknown file type")])
+def test_missing_or_unknown_input_file_is_named_in_the_error(tmp_path, name, problem):
+    (tmp_path / "notes.md").write_text("# not a supported type")
+    with pytest.raises(SystemExit, match=f"{tmp_path / name}: {problem}"):
+        run(tmp_path / "out", "--input", str(tmp_path / name))
+
+
+def test_count_accepts_k_m_b_suffixes_and_plain_integers():
+    assert [prepare.count(s) for s in ["500K", "100M", "2.5B", "123", "1m"]] == [
+        500_000, 100_000_000, 2_500_000_000, 123, 1_000_000]
+    for bad in ["", "abc", "0", "-5", "1X", "nan"]:
+        with pytest.raises(Exception, match="positive count"):
+            prepare.count(bad)
+
+
+# -----------------------------------------------------------------------------
+# the shard format
+
+
+def test_write_shard_then_read_shard_round_trips_tokens(tmp_path):
+    tokens = np.array([0, 1, prepare.EOT, 65535], dtype=np.uint16)
+    prepare.write_shard(tmp_path / "x.bin", tokens)
+    assert os.path.getsize(tmp_path / "x.bin") == 1024 + 2 * len(tokens)
+    assert np.array_equal(prepare.read_shard(tmp_path / "x.bin"), tokens)
+    with pytest.raises(ValueError, match="uint16"):
+        prepare.write_shard(tmp_path / "y.bin", [1, 65536])
+
+
+def damage(path, how):
+    data = bytearray(path.read_bytes())
+    if how == "truncated":
+        return bytes(data[:-10])
+    if how == "bad magic":
+        return b"\x00\x00\x00\x00" + bytes(data[4:])
+    if how == "bad version":
+        return bytes(data[:4]) + np.int32(2).tobytes() + bytes(data[8:])
+    if how == "shorter than the header":
+        return bytes(data[:100])
+    return bytes(data) + b"\x00\x00"  # extra tokens the header does not count
+
+
+@pytest.mark.parametrize("how, message", [
+    ("truncated", "truncated: header says 1000 tokens, file holds 995"),
+    ("bad magic", "bad magic number 0"),
+    ("bad version", "unsupported shard version 2"),
+    ("shorter than the header", "too short"),
+    ("too long", "size mismatch: header says 1000 tokens, file holds 1001"),
+])
+def test_read_shard_rejects_a_damaged_file_naming_it_and_the_problem(tmp_path, how, message):
+    path = tmp_path / "data_train_000001.bin"
+    prepare.write_shard(path, np.arange(1000))
+    path.write_bytes(damage(path, how))
+    with pytest.raises(ValueError) as error:
+        prepare.read_shard(path)
+    assert str(error.value).startswith(f"{path}: ") and message in str(error.value)
+
+
+def test_interrupted_write_leaves_no_file_that_looks_like_a_shard(tmp_path, monkeypatch):
+    def disk_full(fd):
+        raise OSError("No space left on device")
+
+    old = tmp_path / "old.bin"
+    prepare.write_shard(old, np.arange(10))
+    monkeypatch.setattr(prepare.os, "fsync", disk_full)  # fails after the tokens went into the temp file
+    for path in [tmp_path / "new.bin", old]:
+        with pytest.raises(OSError, match="No space"):
+            prepare.write_shard(path, np.arange(1000))
+    assert sorted(os.listdir(tmp_path)) == ["old.bin"]  # no new.bin, and no temp file left behind
+    assert np.array_equal(prepare.read_shard(old), np.arange(10))  # a failed rewrite keeps the old one whole

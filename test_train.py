@@ -1,0 +1,176 @@
+"""
+Tests for train.py, sample.py and configurator.py, run as a user runs them: as commands, on a tiny
+model and the embedded Python-docs data set, on the CPU.
+
+    python -m pytest -q
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import prepare
+from configurator import apply_overrides
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TINY = ['--device=cpu', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4',
+        '--gradient_accumulation_steps=1', '--eval_iters=2', '--log_interval=1', '--warmup_iters=2',
+        '--learning_rate=3e-3', '--router_lr=3e-2', '--min_lr=3e-4']
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp('data') / 'pydoc'
+    prepare.main(['--out_dir', str(out), '--workers', '2'])
+    return str(out)
+
+
+def run(script, *args, check=True):
+    result = subprocess.run([sys.executable, os.path.join(HERE, script), *args], capture_output=True,
+                            text=True, cwd=HERE, timeout=300)
+    if check:
+        assert result.returncode == 0, f"{script} failed:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def train(data_dir, out_dir, *args, check=True):
+    return run('train.py', *TINY, f'--data_dir={data_dir}', f'--out_dir={out_dir}', *args, check=check)
+
+
+def read_log(out_dir):
+    """{step: record} for train and val lines; a resumed run's lines replace the killed run's."""
+    train_loss, val_loss = {}, {}
+    with open(os.path.join(out_dir, 'log.txt')) as f:
+        for line in f:
+            record = json.loads(line)
+            if 'train_loss' in record:
+                train_loss[record['step']] = record['train_loss']
+            else:
+                val_loss[record['step']] = record['val_loss']
+    return train_loss, val_loss
+
+
+def assert_clean_error(result, *fragments):
+    """A non-zero exit with one line on stderr that says what is wrong: no traceback."""
+    assert result.returncode != 0, f"expected a failure:\n{result.stdout}"
+    assert 'Traceback' not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith('error:'), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], f"{fragment!r} not in {lines[0]!r}"
+
+
+@pytest.mark.parametrize('router', ['none', 'static', 'dynamic'])
+def test_a_few_training_steps_lower_the_loss_and_sampling_works(data_dir, tmp_path, router):
+    out = tmp_path / 'out'
+    train(data_dir, out, f'--router={router}', '--max_iters=30', '--eval_interval=30')
+    train_loss, val_loss = read_log(out)
+    assert train_loss[30] < train_loss[1] - 1.0, train_loss
+    assert val_loss[30] < val_loss[0] - 1.0, val_loss
+    result = run('sample.py', f'--out_dir={out}', '--start=The list', '--num_samples=2',
+                 '--max_new_tokens=8', '--device=cpu')
+    samples = result.stdout.split('---------------\n')[:-1]
+    assert len(samples) == 2 and all(s.startswith('The list') for s in samples), result.stdout
+    assert f'router={router}' in result.stderr
+
+
+def test_killed_run_resumes_exactly_like_an_uninterrupted_one(data_dir, tmp_path):
+    common = ['--router=dynamic', '--eval_interval=10', '--lr_decay_iters=30']
+    train(data_dir, tmp_path / 'whole', *common, '--max_iters=30')
+    # The same run, killed (SIGKILL: no chance to clean up) soon after its first checkpoint.
+    killed = tmp_path / 'killed'
+    cmd = [sys.executable, os.path.join(HERE, 'train.py'), *TINY, f'--data_dir={data_dir}',
+           f'--out_dir={killed}', *common, '--max_iters=1000']
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=HERE) as proc:
+        for line in proc.stdout:
+            if line.startswith('saved checkpoint'):
+                proc.send_signal(signal.SIGKILL)
+                break
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    stopped_at = torch.load(killed / 'ckpt.pt')['step']
+    assert 10 <= stopped_at < 30
+    train(data_dir, killed, *common, '--max_iters=30', '--init_from=resume')
+    whole, resumed = read_log(tmp_path / 'whole'), read_log(killed)
+    assert resumed[0] == whole[0], "train losses differ after resuming"
+    assert resumed[1] == whole[1], "val losses differ after resuming"
+
+
+def test_two_process_ddp_matches_one_process_with_the_same_global_batch(data_dir, tmp_path):
+    common = [*TINY, f'--data_dir={data_dir}', '--router=static', '--max_iters=6', '--eval_interval=6',
+              '--gradient_accumulation_steps=2']
+    run('train.py', *common, f'--out_dir={tmp_path / "one"}')
+    torchrun = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
+    result = subprocess.run([*torchrun, os.path.join(HERE, 'train.py'), *common,
+                             f'--out_dir={tmp_path / "two"}'], capture_output=True, text=True, cwd=HERE,
+                            timeout=300, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    assert result.returncode == 0, result.stdout + result.stderr
+    (one_train, one_val), (two_train, two_val) = read_log(tmp_path / 'one'), read_log(tmp_path / 'two')
+    assert one_train.keys() == two_train.keys() == set(range(1, 7))
+    for step in one_train:
+        assert one_train[step] == pytest.approx(two_train[step], rel=1e-5), f"step {step}"
+    assert one_val[6] == pytest.approx(two_val[6], rel=1e-5)
+
+
+def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
+    out = tmp_path / 'out'
+    train(data_dir, out, '--max_iters=4', '--eval_interval=4')
+    # An absurd learning rate blows the weights up within a few steps; checkpoints every step.
+    result = train(data_dir, out, '--init_from=resume', '--max_iters=50', '--eval_interval=1',
+                   '--learning_rate=1e30', '--router_lr=1e30', '--grad_clip=0.0', check=False)
+    assert_clean_error(result, 'is nan', 'last good checkpoint')
+    kept = torch.load(out / 'ckpt.pt')
+    assert 4 <= kept['step'] < 50
+    assert all(torch.isfinite(v).all() for v in kept['model'].values()), "a poisoned checkpoint was saved"
+
+
+def test_unknown_key_names_it_and_suggests_close_matches(tmp_path):
+    assert_clean_error(run('train.py', '--lerning_rate=1e-3', check=False), "'lerning_rate'", 'learning_rate')
+    assert_clean_error(run('sample.py', '--temprature=0.5', check=False), 'temperature')
+
+
+def test_bad_values_and_config_files_give_one_clear_line(data_dir, tmp_path):
+    assert_clean_error(run('train.py', '--batch_size=big', check=False), 'batch_size must be int')
+    assert_clean_error(run('train.py', f'--data_dir={data_dir}', '--router=statc', check=False), 'statc')
+    assert_clean_error(run('train.py', 'batch_size=3', check=False), 'config file not found')
+    bad = tmp_path / 'bad.py'
+    bad.write_text("n_layer = 4\nimport os\n")
+    assert_clean_error(run('train.py', str(bad), check=False), 'bad.py:2', 'key = value')
+
+
+def test_every_preset_parses_against_the_defaults():
+    defaults = {'out_dir': 'out', 'data_dir': '', 'device': 'cpu', 'eval_interval': 1, 'eval_iters': 1,
+                'log_interval': 1, 'n_layer': 1, 'n_head': 1, 'n_embd': 1, 'mlp_hidden': 0, 'block_size': 1,
+                'router': '', 'batch_size': 1, 'gradient_accumulation_steps': 1, 'learning_rate': 0.0,
+                'router_lr': 0.0, 'max_iters': 1, 'warmup_iters': 1, 'min_lr': 0.0}
+    configs = sorted(f for f in os.listdir(os.path.join(HERE, 'config')) if f.endswith('.py'))
+    assert len(configs) >= 4
+    for name in configs:
+        keys = apply_overrides(dict(defaults), [os.path.join(HERE, 'config', name)])
+        assert {'out_dir', 'n_layer'} <= keys, name
+
+
+def test_missing_or_damaged_data_and_checkpoints_are_named(data_dir, tmp_path):
+    empty = tmp_path / 'empty'
+    empty.mkdir()
+    assert_clean_error(train(empty, tmp_path / 'o', check=False), 'no *_train_*.bin shards', str(empty))
+    assert_clean_error(train(tmp_path / 'nowhere', tmp_path / 'o', check=False), 'data_dir not found')
+    assert_clean_error(train(data_dir, tmp_path / 'o', '--init_from=resume', check=False),
+                       'no checkpoint at', 'ckpt.pt')
+    assert_clean_error(run('sample.py', f'--out_dir={tmp_path / "o"}', check=False), 'no checkpoint at')
+    # A shard cut short, as by a crashed copy: named, with what is wrong.
+    damaged = tmp_path / 'damaged'
+    shutil.copytree(data_dir, damaged)
+    shard = next(damaged.glob('*_train_*.bin'))
+    with open(shard, 'r+b') as f:
+        f.truncate(os.path.getsize(shard) - 1000)
+    assert_clean_error(train(damaged, tmp_path / 'o', check=False), shard.name, 'truncated')
+    (tmp_path / 'o').mkdir(exist_ok=True)
+    (tmp_path / 'o' / 'ckpt.pt').write_bytes(b'not a checkpoint')
+    assert_clean_error(train(data_dir, tmp_path / 'o', '--init_from=resume', check=False),
+                       'could not read checkpoint')

@@ -1,0 +1,379 @@
+"""
+train.py: train a LIMe or baseline GPT on the token shards written by prepare.py.
+
+    python train.py config/cpu_demo.py                       # a few minutes on a laptop CPU
+    python train.py config/gpt2.py --router=none             # the baseline, on one GPU
+    torchrun --standalone --nproc_per_node=8 train.py config/gpt2.py --router=dynamic
+
+Every key in the defaults block below can be overridden by config files and --key=value
+(see configurator.py). Checkpoints go to out_dir/ckpt.pt; --init_from=resume continues from one
+exactly where it stopped; out_dir/log.txt has one JSON object a line for plotting.
+"""
+import ctypes
+import glob
+import json
+import math
+import os
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import asdict
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from configurator import apply_overrides, fail, load_checkpoint
+from lime import GPT, GPTConfig
+from prepare import read_shard
+
+# -----------------------------------------------------------------------------
+# default config values: a GPT-2-small-shaped LIMe model on FineWeb-Edu, on one GPU
+# I/O
+out_dir = 'out'
+data_dir = 'data/fineweb_edu'
+eval_interval = 250  # steps between evaluations (and checkpoints)
+eval_iters = 20  # batches of the validation shard per evaluation, always the same ones
+log_interval = 10
+always_save_checkpoint = True  # save at every evaluation, not only when val loss improves
+init_from = 'scratch'  # 'scratch' or 'resume' (from out_dir/ckpt.pt)
+# model (see GPTConfig in lime.py for what each means)
+n_layer = 12
+n_head = 12
+n_kv_head = 0
+n_embd = 768
+mlp_hidden = 0
+block_size = 1024
+router = 'static'  # 'none' (LLaMA baseline), 'static' or 'dynamic' (LIMe)
+router_top_p = 1.0
+vocab_size = 50257  # GPT-2's tokenizer; smaller for data with its own vocabulary
+# data: tokens per optimizer step = batch_size * block_size * gradient_accumulation_steps
+batch_size = 16  # sequences per micro-step on each process
+gradient_accumulation_steps = 32  # micro-steps per optimizer step, over all processes together
+# optimizer (the paper's AdamW settings)
+learning_rate = 1e-3
+router_lr = 1e-2  # paper: 10x the base learning rate
+weight_decay = 0.1
+beta1 = 0.9
+beta2 = 0.95
+grad_clip = 1.0  # 0 disables clipping
+max_iters = 20000
+warmup_iters = 200
+lr_decay_iters = 0  # cosine decay ends here; 0 means max_iters
+min_lr = 1e-6  # router_lr decays by the same factor
+# system
+device = 'cuda' if torch.cuda.is_available() else 'cpu'
+dtype = 'bfloat16'  # 'bfloat16' (autocast) or 'float32'; on a CPU the default becomes float32
+compile = True  # torch.compile the model; on a CPU the default becomes False
+peak_flops = 989e12  # for MFU: bf16 dense peak of one device (H100 SXM)
+seed = 1337
+# -----------------------------------------------------------------------------
+config = {k: v for k, v in globals().items() if not k.startswith('_') and type(v) in (int, float, bool, str)}
+given = apply_overrides(config, sys.argv[1:])
+globals().update(config)
+
+device_type = 'cuda' if 'cuda' in device else 'cpu'
+if device_type == 'cpu':  # CPUs have no fast bfloat16 matmuls, and compiling there rarely pays off
+    dtype = dtype if 'dtype' in given else 'float32'
+    compile = compile if 'compile' in given else False
+config.update(dtype=dtype, compile=compile)
+if dtype not in ('float32', 'bfloat16'):
+    fail(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
+if init_from not in ('scratch', 'resume'):
+    fail(f"init_from must be 'scratch' or 'resume', got {init_from!r}")
+for key in ('batch_size', 'block_size', 'gradient_accumulation_steps', 'max_iters', 'eval_interval',
+            'eval_iters', 'log_interval'):
+    if config[key] <= 0:
+        fail(f"{key} must be positive, got {config[key]}")
+
+# -----------------------------------------------------------------------------
+# setup: one process, or one per GPU under torchrun
+
+ddp = int(os.environ.get('RANK', -1)) != -1
+if ddp:
+    dist.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo')
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    if device_type == 'cuda':
+        device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
+        torch.cuda.set_device(device)
+else:
+    rank, world_size = 0, 1
+master = rank == 0  # only it logs and writes checkpoints
+if gradient_accumulation_steps % world_size:
+    fail(f"gradient_accumulation_steps ({gradient_accumulation_steps}) must be a multiple of the "
+         f"number of processes ({world_size})")
+accum_steps = gradient_accumulation_steps // world_size  # micro-steps on this process
+tokens_per_step = batch_size * block_size * gradient_accumulation_steps
+lr_decay_iters = lr_decay_iters or max_iters
+
+
+def log(*args):
+    if master:
+        print(*args, flush=True)
+
+
+log(f"tokens per step: {tokens_per_step:,} = {batch_size} batch x {block_size} block x "
+    f"{gradient_accumulation_steps} micro-steps ({world_size} process{'es' * (world_size > 1)})")
+if device_type == 'cpu' and sys.platform == 'linux':
+    # glibc hands large freed blocks back to the OS and page-faults them in again on the next step;
+    # for the big logits tensors that costs ~40% of a CPU step. Keeping up to 1 GiB cached avoids it.
+    libc = ctypes.CDLL('libc.so.6')
+    libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD: serve blocks up to 1 GiB from the heap, not mmap
+    libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: give memory back only past 1 GiB of free heap
+torch.manual_seed(seed)
+torch.backends.cuda.matmul.allow_tf32 = True  # only float32 work is affected; bf16 is unchanged
+torch.backends.cudnn.allow_tf32 = True
+autocast = torch.autocast(device_type, dtype=torch.bfloat16) if dtype == 'bfloat16' else nullcontext()
+
+def shard_files(kind):
+    files = sorted(glob.glob(os.path.join(data_dir, f'*_{kind}_*.bin')))
+    if not files:
+        fail(f"no *_{kind}_*.bin shards in {data_dir}/ (write some with prepare.py, "
+             "or point --data_dir at them)")
+    return files
+
+
+if not os.path.isdir(data_dir):  # checked before a model is built, which can take a while
+    fail(f"data_dir not found: {data_dir} (run `python prepare.py` first)")
+train_files, val_files = shard_files('train'), shard_files('val')
+
+# -----------------------------------------------------------------------------
+# model and optimizer
+
+model_keys = ['n_layer', 'n_head', 'n_kv_head', 'n_embd', 'mlp_hidden', 'block_size', 'router',
+              'router_top_p', 'vocab_size']
+ckpt_path = os.path.join(out_dir, 'ckpt.pt')
+checkpoint = None
+if init_from == 'resume':
+    checkpoint = load_checkpoint(ckpt_path, device)
+    # The model's shape is the checkpoint's; a contradicting override is a mistake, not a wish.
+    for key in set(model_keys) & given:
+        if checkpoint['model_args'][key] != config[key]:
+            fail(f"--{key}={config[key]} contradicts the checkpoint's {checkpoint['model_args'][key]!r}")
+    model_args = checkpoint['model_args']
+else:
+    model_args = {k: config[k] for k in model_keys}
+try:
+    gptconf = GPTConfig(**model_args)
+except ValueError as e:
+    fail(str(e))
+model = GPT(gptconf).to(device)
+optimizer = model.configure_optimizers(weight_decay, learning_rate, router_lr, (beta1, beta2),
+                                       fused=device_type == 'cuda')
+base_lrs = [group['lr'] for group in optimizer.param_groups]  # the schedule scales each of these
+step, best_val_loss, data_state = 0, float('inf'), None
+if checkpoint is not None:
+    model.load_state_dict(checkpoint['model'])
+    optimizer.load_state_dict(checkpoint['optimizer'])
+    step, best_val_loss = checkpoint['step'], checkpoint['best_val_loss']
+    data_state = checkpoint['data']
+    torch.set_rng_state(checkpoint['rng']['cpu'])
+    if device_type == 'cuda' and checkpoint['rng']['cuda'] is not None:
+        torch.cuda.set_rng_state(checkpoint['rng']['cuda'])
+    log(f"resumed from {ckpt_path} at step {step}")
+    checkpoint = None  # free the memory
+log(f"model: {model.num_params() / 1e6:.2f}M parameters, router={gptconf.router}")
+
+# -----------------------------------------------------------------------------
+# data
+
+
+class Batches:
+    """(x, y) batches of B sequences of T tokens, read in order through the shards, round and round.
+    Each optimizer step consumes one stretch of B*T*world_size tokens per micro-step, and process r
+    takes slice r of it, so the run sees the same tokens for any number of processes."""
+
+    def __init__(self, files, B, T, state=None):
+        self.files, self.B, self.T = files, B, T
+        self.span = B * T * world_size
+        self.restore(state or {'shard': 0, 'pos': 0})
+
+    def load(self, shard):
+        try:
+            self.shard, self.tokens = shard, read_shard(self.files[shard])
+        except ValueError as e:  # a truncated or foreign file: read_shard's message names it
+            fail(str(e))
+        if len(self.tokens) < self.span + 1:
+            fail(f"{self.files[shard]} holds {len(self.tokens):,} tokens, fewer than one step of "
+                 f"batch_size * block_size * processes + 1 = {self.span + 1:,}")
+
+    def state(self):
+        return {'shard': self.shard, 'pos': self.pos}
+
+    def restore(self, state):
+        if state['shard'] >= len(self.files):
+            fail(f"the checkpoint stopped in training shard {state['shard'] + 1}, but {data_dir}/ "
+                 f"holds only {len(self.files)}: is this the data it was trained on?")
+        self.load(state['shard'])
+        self.pos = state['pos']
+
+    def next(self):
+        if self.pos + self.span + 1 > len(self.tokens):  # not enough left: on to the next shard
+            self.load((self.shard + 1) % len(self.files))
+            self.pos = 0
+        start = self.pos + rank * self.B * self.T
+        buf = torch.from_numpy(self.tokens[start:start + self.B * self.T + 1].astype(np.int64))
+        self.pos += self.span
+        x, y = buf[:-1].view(self.B, self.T), buf[1:].view(self.B, self.T)  # y is x shifted by one
+        if device_type == 'cuda':  # pinned memory lets the copy overlap with the GPU's work
+            return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+        return x.to(device), y.to(device)
+
+
+train_batches = Batches(train_files, batch_size, block_size, data_state)
+try:
+    val_tokens = read_shard(val_files[0])  # evaluation always uses this shard's start
+except ValueError as e:
+    fail(str(e))
+val_batches = min(eval_iters, (len(val_tokens) - 1) // (batch_size * block_size))  # over all processes
+if val_batches == 0:
+    fail(f"the validation shard holds {len(val_tokens):,} tokens, fewer than one batch")
+if val_batches < eval_iters:
+    log(f"note: the validation shard fits only {val_batches} of eval_iters={eval_iters} batches")
+
+# -----------------------------------------------------------------------------
+# compile, wrap, and helpers for the loop
+
+raw_model = model  # the uncompiled module: its state dict is what checkpoints hold
+if compile:
+    log("compiling the model (a minute or so)...")
+    model = torch.compile(model)
+eval_model = model  # evaluation needs no gradient averaging
+if ddp:  # the model's only buffers are RoPE tables: constants, so DDP need not broadcast them
+    model = DDP(model, device_ids=[int(os.environ['LOCAL_RANK'])] if device_type == 'cuda' else None,
+                broadcast_buffers=False)
+
+
+def lr_factor(it):
+    """Linear warmup, then cosine decay to min_lr at lr_decay_iters (a factor on each group's lr)."""
+    if it < warmup_iters:
+        return (it + 1) / warmup_iters
+    if it >= lr_decay_iters:
+        return min_lr / learning_rate
+    progress = (it - warmup_iters) / max(1, lr_decay_iters - warmup_iters)
+    return (min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (learning_rate - min_lr)) / learning_rate
+
+
+def sum_over_processes(value):
+    value = torch.tensor(value, dtype=torch.float64, device=device)
+    if ddp:
+        dist.all_reduce(value)
+    return value.item()
+
+
+@torch.no_grad()
+def evaluate():
+    """Mean loss over the first val_batches batches of the validation shard, the same ones for any
+    number of processes (they share them out)."""
+    eval_model.eval()
+    B, T = batch_size, block_size
+    total = 0.0
+    for i in range(rank, val_batches, world_size):
+        buf = torch.from_numpy(val_tokens[i * B * T:(i + 1) * B * T + 1].astype(np.int64)).to(device)
+        with autocast:
+            _, loss = eval_model(buf[:-1].view(B, T), buf[1:].view(B, T))
+        total += loss.item()
+    eval_model.train()
+    return sum_over_processes(total) / val_batches
+
+
+def save_checkpoint():
+    """Write to a temporary file and rename it: a run killed mid-write keeps the previous checkpoint."""
+    checkpoint = {
+        'model': raw_model.state_dict(), 'model_args': asdict(gptconf), 'optimizer': optimizer.state_dict(),
+        'step': step, 'best_val_loss': best_val_loss, 'config': config, 'data': train_batches.state(),
+        'rng': {'cpu': torch.get_rng_state(),
+                'cuda': torch.cuda.get_rng_state() if device_type == 'cuda' else None},
+    }
+    tmp = ckpt_path + '.tmp'
+    with open(tmp, 'wb') as f:
+        torch.save(checkpoint, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, ckpt_path)
+
+
+def write_log(**record):
+    with open(os.path.join(out_dir, 'log.txt'), 'a') as f:
+        f.write(json.dumps(record) + '\n')
+
+
+def stop_if_not_finite(loss, what):
+    if not math.isfinite(loss):
+        fail(f"{what} is {loss} at step {step}: stopping. The last good checkpoint ({ckpt_path}) is "
+             "kept; try a lower learning_rate, or resume from it with --init_from=resume")
+
+
+def duration(seconds):
+    h, rest = divmod(int(seconds), 3600)
+    return f"{h}h{rest // 60:02d}m" if h else f"{rest // 60}m{rest % 60:02d}s"
+
+
+# -----------------------------------------------------------------------------
+# training loop
+
+if master:
+    os.makedirs(out_dir, exist_ok=True)
+    if init_from == 'scratch':
+        if os.path.exists(ckpt_path):
+            log(f"note: training from scratch; {ckpt_path} will be overwritten")
+        open(os.path.join(out_dir, 'log.txt'), 'w').close()
+start_step = step
+if step >= max_iters:
+    log(f"the checkpoint is at step {step}, max_iters is {max_iters}: nothing to train (raise --max_iters)")
+window_start, window_steps = time.time(), 0
+while True:
+    last_step = step >= max_iters
+    if (step % eval_interval == 0 or last_step) and (step > start_step or init_from == 'scratch'):
+        val_loss = evaluate()
+        log(f"step {step}/{max_iters} | val loss {val_loss:.4f}")
+        stop_if_not_finite(val_loss, 'the validation loss')
+        if master:
+            write_log(step=step, val_loss=val_loss)
+            if step > start_step and (val_loss < best_val_loss or always_save_checkpoint):
+                best_val_loss = min(best_val_loss, val_loss)
+                save_checkpoint()
+                log(f"saved checkpoint to {ckpt_path}")
+        window_start, window_steps = time.time(), 0  # keep evaluation out of the timings
+    if last_step:
+        break
+
+    factor = lr_factor(step)
+    for group, base_lr in zip(optimizer.param_groups, base_lrs):
+        group['lr'] = base_lr * factor
+    loss_sum = torch.zeros((), device=device)
+    for micro_step in range(accum_steps):
+        x, y = train_batches.next()
+        # Under DDP, average the gradients across processes only after the last micro-step.
+        sync = nullcontext() if not ddp or micro_step == accum_steps - 1 else model.no_sync()
+        with sync:
+            with autocast:
+                _, loss = model(x, y)
+            # The gradients add up over micro-steps; dividing makes them those of the mean loss.
+            (loss / accum_steps).backward()
+        loss_sum += loss.detach()
+    grad_norm = torch.nn.utils.clip_grad_norm_(raw_model.parameters(), grad_clip or float('inf'))
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    step += 1
+    window_steps += 1
+
+    if step % log_interval == 0 or step == max_iters:
+        train_loss = sum_over_processes(loss_sum.item() / accum_steps) / world_size  # waits for the GPU
+        stop_if_not_finite(train_loss, 'the training loss')
+        stop_if_not_finite(grad_norm.item(), 'the gradient norm')  # the weights are now poisoned too
+        dt = (time.time() - window_start) / window_steps
+        tokens_per_sec = tokens_per_step / dt
+        mfu = raw_model.estimate_mfu(tokens_per_sec / world_size, peak_flops)
+        line = (f"step {step}/{max_iters} | loss {train_loss:.4f} | lr {base_lrs[0] * factor:.2e} | "
+                f"norm {grad_norm.item():.3f} | {dt * 1000:.1f} ms | {tokens_per_sec:,.0f} tok/s")
+        line += f" | mfu {mfu:.1%}" if device_type == 'cuda' else ""
+        log(line + f" | eta {duration(dt * (max_iters - step))}")
+        if master:
+            write_log(step=step, train_loss=train_loss, lr=base_lrs[0] * factor, grad_norm=grad_norm.item(),
+                      ms_per_step=dt * 1000, tokens_per_sec=tokens_per_sec)
+        window_start, window_steps = time.time(), 0
+
+if ddp:
+    dist.destroy_process_group()
