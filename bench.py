@@ -29,7 +29,7 @@ SHAPES = {  # name: (GPTConfig fields, batch size)
     'paper_1b_gqa': (dict(n_layer=16, n_head=32, n_kv_head=8, n_embd=2048, mlp_hidden=8192,
                           block_size=2048), 4),
     'deep': (dict(n_layer=64, n_head=8, n_embd=256, mlp_hidden=1024, block_size=1024), 32),
-    'tiny': (dict(n_layer=4, n_head=4, n_embd=64, block_size=64), 4),
+    'tiny': (dict(n_layer=4, n_head=4, n_embd=64, block_size=64, vocab_size=512), 4),  # for CPUs, tests
 }
 # -----------------------------------------------------------------------------
 shape = 'gpt2'  # one of SHAPES
@@ -52,7 +52,7 @@ if device_type == 'cpu':
     compile = compile if 'compile' in given else False
 if shape not in SHAPES:
     fail(f"shape must be one of {', '.join(SHAPES)}, got {shape!r}")
-router_list = routers.split(',')
+router_list = sorted(routers.split(','), key=lambda r: r != 'none')  # the baseline first: ratios need it
 model_args, default_batch = SHAPES[shape]
 B, T = batch_size or default_batch, model_args['block_size']
 autocast = torch.autocast(device_type, dtype=torch.bfloat16) if dtype == 'bfloat16' else nullcontext()
@@ -62,13 +62,13 @@ torch.backends.cudnn.allow_tf32 = True
 
 def routing_bytes(model, element_size):
     """Bytes LIMe's mix must move in one training step, at best. Layer l mixes S = l + 1 source
-    tensors of N = B*T*2*G*hs elements (keys and values). Forward: read S, write 1. Backward, fused
-    as well as it can be: read the output's gradient, read the S sources (for the router's own
-    gradient) and add into the S sources' gradients (read + write): 1 + S + 2S. So (4S + 2) N per
-    layer. Static and dynamic move the same; the dynamic probabilities are small beside it."""
+    tensors of N = B*T*2*G*hs elements (keys and values). Forward: read S, write 1. Backward, at
+    best: read the output's gradient and the S sources (for the router's gradient), and write the
+    sources' gradients once each if they are summed over all the layers reading them in one pass:
+    about S + 2 more. So (2S + 3) N per layer; the dynamic probabilities are small beside it."""
     cfg = model.config
     N = B * T * 2 * cfg.n_kv_head * (cfg.n_embd // cfg.n_head)
-    return sum((4 * (l + 1) + 2) * N * element_size for l in range(1, cfg.n_layer)) if model.routers() else 0
+    return sum((2 * (l + 1) + 3) * N * element_size for l in range(1, cfg.n_layer)) if model.routers() else 0
 
 
 def measure(router):
@@ -121,17 +121,25 @@ print(f"bench.py --shape={shape}: B={B} T={T} {model_args} | {device_name} | tor
 print(f"{'router':<8} {'params':>9} {'ms/step':>9} {'tok/s':>11} {'vs none':>8} {'MFU':>6} "
       f"{'peak GiB':>9} {'vs none':>8} {'routing ms':>11} {'floor ms':>9}")
 results = {}
+
+
+def cell(value, spec, width):
+    return f"{'-' if value is None else format(value, spec):>{width}}"
+
+
 for router in router_list:
     model, dt, peak = measure(router)
     results[router] = (dt, peak)
     base_dt, base_peak = results.get('none', (None, None))
     tok_s = B * T / dt
     floor_ms = routing_bytes(model, 2 if dtype == 'bfloat16' else 4) / bandwidth * 1000
+    has_peak, has_base = device_type == 'cuda', base_dt is not None
     print(f"{router:<8} {model.num_params() / 1e6:>8.1f}M {dt * 1000:>9.1f} {tok_s:>11,.0f} "
-          f"{(base_dt / dt if base_dt else float('nan')):>8.3f} "
-          f"{model.estimate_mfu(tok_s, peak_flops):>6.1%} {peak / 2**30:>9.2f} "
-          f"{(peak / base_peak if base_peak else float('nan')):>8.3f} "
-          f"{((dt - base_dt) * 1000 if base_dt else float('nan')):>11.1f} {floor_ms:>9.1f}", flush=True)
+          f"{cell(base_dt / dt if has_base else None, '.3f', 8)} "
+          f"{model.estimate_mfu(tok_s, peak_flops):>6.1%} "
+          f"{cell(peak / 2**30 if has_peak else None, '.2f', 9)} "
+          f"{cell(peak / base_peak if has_peak and has_base else None, '.3f', 8)} "
+          f"{cell((dt - base_dt) * 1000 if has_base else None, '.1f', 11)} {floor_ms:>9.1f}", flush=True)
     del model
     if device_type == 'cuda':
         torch.cuda.empty_cache()

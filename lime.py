@@ -106,7 +106,7 @@ class StaticRouter(nn.Module):
     """LIMe's static router (paper v2): layer l's keys (and, with the same weights, values) for
     kv head g are a learned signed mix of every kv head of every layer 0..l:
         kv~[..., g, :] = sum_m sum_h R[g, m, h] * kv_m[..., h, :]
-    The same for every token, so it costs G * S * G weights per layer and no extra activations."""
+    The same for every token: G * S * G weights per layer, nothing computed per token but the mix."""
 
     def __init__(self, config, layer_idx):
         super().__init__()
@@ -170,7 +170,7 @@ class DynamicRouter(nn.Module):
 
     def forward(self, h, memory):  # memory: S tensors (B, T, 2, G, hs), layers 0..l
         probs = self.mix_weights(h).type_as(memory[0])  # (B, T, G, S)
-        # A weighted sum of the S tensors, pointwise: torch.compile fuses it into one kernel.
+        # A weighted sum of the S tensors, pointwise, which torch.compile can fuse into one kernel.
         return sum(kv * probs[:, :, None, :, m, None] for m, kv in enumerate(memory))
 
 
@@ -322,7 +322,7 @@ class GPT(nn.Module):
         for _ in range(max_new_tokens):
             if cache.pos + pending.size(1) > block_size:
                 cache.pos = 0
-                pending = idx[:, -(block_size // 2):]
+                pending = idx[:, -max(1, block_size // 2):]
             logits, _ = self(pending, cache=cache)
             logits = logits[:, -1, :].float()  # (B, vocab_size)
             if temperature == 0:

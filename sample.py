@@ -17,7 +17,7 @@ from lime import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
 out_dir = 'out'  # the directory holding ckpt.pt
-start = '<|endoftext|>'  # the prompt: text, or FILE:path to read it from a file; the default starts a document
+start = '<|endoftext|>'  # the prompt: text, or FILE:path to read it from; the default starts a document
 num_samples = 3
 max_new_tokens = 200
 temperature = 0.8  # < 1 sharpens the distribution, > 1 flattens it; 0 always takes the likeliest token
@@ -40,14 +40,6 @@ if num_samples <= 0 or max_new_tokens <= 0 or temperature < 0 or top_k < 0:
 torch.manual_seed(seed)
 autocast = torch.autocast(device_type, dtype=torch.bfloat16) if dtype == 'bfloat16' else nullcontext()
 
-ckpt_path = os.path.join(out_dir, 'ckpt.pt')
-checkpoint = load_checkpoint(ckpt_path, device)
-model = GPT(GPTConfig(**checkpoint['model_args']))
-model.load_state_dict(checkpoint['model'])
-model.eval().to(device)
-print(f"loaded {ckpt_path}: step {checkpoint['step']}, router={model.config.router}, "
-      f"val loss {checkpoint['best_val_loss']:.4f}", file=sys.stderr)
-
 if start.startswith('FILE:'):
     path = start[len('FILE:'):]
     if not os.path.isfile(path):
@@ -58,6 +50,17 @@ enc = tiktoken.get_encoding('gpt2')
 start_ids = enc.encode(start, allowed_special={'<|endoftext|>'})
 if not start_ids:
     fail("the prompt is empty: give some text with --start (the default starts a new document)")
+
+ckpt_path = os.path.join(out_dir, 'ckpt.pt')
+checkpoint = load_checkpoint(ckpt_path, device)
+if checkpoint['model_args']['vocab_size'] != 50257:
+    fail(f"{ckpt_path} was trained on a vocabulary of {checkpoint['model_args']['vocab_size']} tokens, "
+         "not GPT-2's 50257: sample.py can't decode it")
+model = GPT(GPTConfig(**checkpoint['model_args']))
+model.load_state_dict(checkpoint['model'])
+model.eval().to(device)
+print(f"loaded {ckpt_path}: step {checkpoint['step']}, router={model.config.router}, "
+      f"val loss {checkpoint['best_val_loss']:.4f}", file=sys.stderr)
 idx = torch.tensor([start_ids] * num_samples, dtype=torch.long, device=device)  # (num_samples, T)
 
 with autocast:

@@ -86,7 +86,8 @@ def test_killed_run_resumes_exactly_like_an_uninterrupted_one(data_dir, tmp_path
     killed = tmp_path / 'killed'
     cmd = [sys.executable, os.path.join(HERE, 'train.py'), *TINY, f'--data_dir={data_dir}',
            f'--out_dir={killed}', *common, '--max_iters=1000']
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=HERE) as proc:
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                          cwd=HERE) as proc:
         for line in proc.stdout:
             if line.startswith('saved checkpoint'):
                 proc.send_signal(signal.SIGKILL)
@@ -174,3 +175,26 @@ def test_missing_or_damaged_data_and_checkpoints_are_named(data_dir, tmp_path):
     (tmp_path / 'o' / 'ckpt.pt').write_bytes(b'not a checkpoint')
     assert_clean_error(train(data_dir, tmp_path / 'o', '--init_from=resume', check=False),
                        'could not read checkpoint')
+
+
+def test_sample_reads_a_prompt_file_and_refuses_a_foreign_vocabulary(data_dir, tmp_path):
+    out = tmp_path / 'out'
+    train(data_dir, out, '--max_iters=2', '--eval_interval=2')
+    prompt = tmp_path / 'prompt.txt'
+    prompt.write_text('Lists are mutable')
+    result = run('sample.py', f'--out_dir={out}', f'--start=FILE:{prompt}', '--num_samples=1',
+                 '--max_new_tokens=5', '--device=cpu')
+    assert result.stdout.startswith('Lists are mutable')
+    assert_clean_error(run('sample.py', f'--out_dir={out}', '--start=FILE:nope.txt', check=False), 'nope.txt')
+    # Data with ids past the model's vocabulary is refused before training, naming the shard.
+    assert_clean_error(train(data_dir, tmp_path / 'small', '--vocab_size=1000', check=False),
+                       '_train_', 'vocab_size is 1000')
+
+
+def test_bench_prints_one_row_per_router_with_ratios_to_the_baseline():
+    result = run('bench.py', '--shape=tiny', '--device=cpu', '--steps=2', '--warmup=1',
+                 '--routers=static,none,dynamic')
+    rows = [line.split() for line in result.stdout.splitlines()[2:]]
+    assert [row[0] for row in rows] == ['none', 'static', 'dynamic'], result.stdout
+    assert rows[0][4] == '1.000'
+    assert all(float(row[4]) > 0 for row in rows)

@@ -126,6 +126,7 @@ torch.backends.cuda.matmul.allow_tf32 = True  # only float32 work is affected; b
 torch.backends.cudnn.allow_tf32 = True
 autocast = torch.autocast(device_type, dtype=torch.bfloat16) if dtype == 'bfloat16' else nullcontext()
 
+
 def shard_files(kind):
     files = sorted(glob.glob(os.path.join(data_dir, f'*_{kind}_*.bin')))
     if not files:
@@ -179,6 +180,13 @@ log(f"model: {model.num_params() / 1e6:.2f}M parameters, router={gptconf.router}
 # data
 
 
+def check_vocabulary(path, tokens):
+    """Token ids past the model's vocabulary would crash the embedding lookup far from the cause."""
+    largest = int(tokens.max()) if len(tokens) else 0
+    if largest >= gptconf.vocab_size:
+        fail(f"{path} holds token id {largest}, but vocab_size is {gptconf.vocab_size}")
+
+
 class Batches:
     """(x, y) batches of B sequences of T tokens, read in order through the shards, round and round.
     Each optimizer step consumes one stretch of B*T*world_size tokens per micro-step, and process r
@@ -194,6 +202,7 @@ class Batches:
             self.shard, self.tokens = shard, read_shard(self.files[shard])
         except ValueError as e:  # a truncated or foreign file: read_shard's message names it
             fail(str(e))
+        check_vocabulary(self.files[shard], self.tokens)
         if len(self.tokens) < self.span + 1:
             fail(f"{self.files[shard]} holds {len(self.tokens):,} tokens, fewer than one step of "
                  f"batch_size * block_size * processes + 1 = {self.span + 1:,}")
@@ -226,6 +235,7 @@ try:
     val_tokens = read_shard(val_files[0])  # evaluation always uses this shard's start
 except ValueError as e:
     fail(str(e))
+check_vocabulary(val_files[0], val_tokens)
 val_batches = min(eval_iters, (len(val_tokens) - 1) // (batch_size * block_size))  # over all processes
 if val_batches == 0:
     fail(f"the validation shard holds {len(val_tokens):,} tokens, fewer than one batch")
