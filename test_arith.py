@@ -1,0 +1,218 @@
+"""
+Tests for arith.py: the expressions and their solutions, the shards it writes, its exact-match scoring,
+and one run end to end (prepare, train a few steps with train.py, evaluate), on the CPU.
+
+    python -m pytest -q test_arith.py
+"""
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import arith
+from prepare import read_shard
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run(script, *args):
+    # One thread: the models here are tiny, and on a busy machine a second thread mostly waits for a core.
+    result = subprocess.run([sys.executable, os.path.join(HERE, script), *args], capture_output=True,
+                            text=True, cwd=HERE, timeout=300, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    assert result.returncode == 0, f"{script} failed:\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def prepare(out_dir, *args):
+    return run('arith.py', '--mode=prepare', f'--out_dir={out_dir}', '--train_per_ops=200',
+               '--val_per_ops=50', '--max_ops=3', *args)
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp('data') / 'arith'
+    prepare(out)
+    return str(out)
+
+
+class Mod:
+    """A number mod p whose operators Python's own parser applies, with its precedence and brackets.
+    Division uses Fermat's little theorem (b^(p-2) = 1/b), not arith's pow(b, -1, p)."""
+
+    def __init__(self, value, p):
+        self.value, self.p = value % p, p
+
+    def __add__(self, other):
+        return Mod(self.value + other.value, self.p)
+
+    def __sub__(self, other):
+        return Mod(self.value - other.value, self.p)
+
+    def __mul__(self, other):
+        return Mod(self.value * other.value, self.p)
+
+    def __truediv__(self, other):
+        if other.value == 0:
+            raise ZeroDivisionError("the generator let a divisor be 0")
+        return Mod(self.value * other.value ** (self.p - 2), self.p)
+
+
+def python_value(expression, p):
+    return eval(re.sub(r'\d+', lambda m: f'Mod({m.group()}, {p})', expression)).value
+
+
+def operator_count(expression):
+    return sum(expression.count(op) for op in arith.OPS)
+
+
+@pytest.mark.parametrize('p', [2, 11, 101])
+def test_every_expression_and_every_step_evaluates_to_the_answer_in_python(p):
+    rng = random.Random(p)
+    for n_ops in range(1, 8):
+        for _ in range(200):
+            expression, steps = arith.make_example(rng, n_ops, p, cot=True)
+            answer = int(steps[-1])
+            assert python_value(expression, p) == answer, (expression, steps)
+            for step in steps:
+                assert python_value(step, p) == answer, (expression, step)
+
+
+def test_each_step_does_one_operation_and_the_answer_is_a_number():
+    rng = random.Random(0)
+    for n_ops in range(1, 8):
+        expression, steps = arith.make_example(rng, n_ops, 11, cot=True)
+        assert len(steps) == n_ops
+        assert [operator_count(step) for step in steps] == list(range(n_ops - 1, -1, -1)), steps
+        assert steps[-1].isdigit() and 0 <= int(steps[-1]) < 11
+
+
+def test_solution_steps_follow_the_papers_example():
+    """Paper, Appendix B: (7 + 5) / (6 + 4 x 3 - 2 x 7); a modulus above every value keeps plain integers."""
+    tokens = re.findall(r'\d+|\S', '(7+5)/(6+4*3-2*7)')
+    assert arith.solve(tokens, 1009) == ['12/(6+4*3-2*7)', '12/(6+12-2*7)', '12/(18-2*7)', '12/(18-14)',
+                                         '12/4', '3']
+
+
+def test_direct_answers_have_no_steps():
+    expression, steps = arith.make_example(random.Random(0), 4, 11, cot=False)
+    assert len(steps) == 1 and python_value(expression, 11) == int(steps[0])
+
+
+def test_operator_and_operand_counts_are_as_requested():
+    rng = random.Random(1)
+    for n_ops in range(1, 9):
+        for _ in range(50):
+            expression, _ = arith.make_example(rng, n_ops, 11, cot=True)
+            assert operator_count(expression) == n_ops, expression
+            assert len(re.findall(r'\d+', expression)) == n_ops + 1, expression
+
+
+def test_encode_decode_round_trip():
+    rng = random.Random(2)
+    text = ''.join(arith.example_text(*arith.make_example(rng, n, 11, True)) for n in range(1, 7))
+    ids = arith.encode(text)
+    assert ids.max() < len(arith.VOCAB) and arith.decode(ids) == text
+    assert arith.decode(arith.encode(arith.VOCAB)) == arith.VOCAB
+    with pytest.raises(ValueError, match='not in the vocabulary'):
+        arith.encode('1 + 2')
+
+
+def test_prepare_writes_shards_read_shard_accepts_with_tokens_in_the_vocabulary(data_dir):
+    with open(os.path.join(data_dir, 'task.json')) as f:
+        task = json.load(f)
+    assert task['vocab'] == arith.VOCAB and (task['min_ops'], task['max_ops']) == (1, 3)
+    for name, per_ops in (('arith_val_000000.bin', 50), ('arith_train_000001.bin', 200)):
+        tokens = read_shard(os.path.join(data_dir, name))
+        assert tokens.max() < len(arith.VOCAB)
+        lines = arith.decode(tokens).split(arith.END)
+        assert lines[-1] == ''  # the shard ends with a whole example
+        counts = [operator_count(line.split('=', 1)[0]) for line in lines[:-1]]
+        assert sorted(counts) == [n for n in (1, 2, 3) for _ in range(per_ops)]
+        for line in lines[:-1]:
+            expression, *steps = line.split('=')
+            assert python_value(expression, 11) == int(steps[-1]), line
+
+
+def test_same_seed_gives_the_same_data_and_another_seed_other_data(data_dir, tmp_path):
+    prepare(tmp_path / 'same')
+    prepare(tmp_path / 'other', '--seed=7')
+    for name in ('arith_val_000000.bin', 'arith_train_000001.bin'):
+        ours = read_shard(os.path.join(data_dir, name))
+        assert np.array_equal(ours, read_shard(tmp_path / 'same' / name))
+        assert not np.array_equal(ours[:1000], read_shard(tmp_path / 'other' / name)[:1000])
+
+
+def test_eval_sets_are_distinct_reproducible_and_not_the_training_stream(data_dir):
+    task = {'seed': 1337, 'modulus': 11, 'cot': True}  # the fixture's data: same seed
+    examples = arith.eval_set(3, 100, task)
+    assert len(examples) == 100 and arith.eval_set(3, 100, task) == examples
+    assert all(operator_count(expression) == 3 for expression in examples)
+    # millions of expressions have 3 operators and training holds 200: another stream hardly meets them
+    assert len(set(examples) & arith.training_expressions(data_dir)) <= 2
+    # one operator: 3 x 11 x 11 expressions with + - *, and 11 x 10 with / (no divisor 0)
+    assert len(arith.eval_set(1, 1000, task)) == 3 * 11 * 11 + 11 * 10
+
+
+def test_final_answer_is_what_follows_the_last_equals_sign_before_the_end():
+    assert arith.final_answer('1/(7-3)=1/4=3\n5+') == '3'
+    assert arith.final_answer('7\n') == '7'  # a direct answer: the prompt ended with the '='
+    assert arith.final_answer('1/4=3') is None  # never ended
+    assert arith.final_answer('1/4=\n') == ''
+
+
+class FakeModel:
+    """Stands in for GPT.generate: completes each prompt with a scripted text, padded with end tokens,
+    and records the prompts of each call."""
+
+    def __init__(self, completions):
+        self.completions, self.calls = completions, []
+
+    def generate(self, idx, max_new_tokens, temperature=1.0):
+        assert temperature == 0
+        prompts = [arith.decode(row) for row in idx.tolist()]
+        self.calls.append(prompts)
+        rows = []
+        for prompt in prompts:
+            assert prompt[0] == arith.END and prompt[-1] == '='
+            text = (self.completions[prompt[1:-1]] + arith.END * max_new_tokens)[:max_new_tokens]
+            rows.append(arith.encode(text).astype(np.int64))
+        return torch.cat((idx, torch.from_numpy(np.stack(rows))), dim=1)
+
+
+@pytest.mark.parametrize('batch', [1, 512])
+def test_exact_match_keeps_only_solutions_that_end_with_the_right_answer(batch):
+    examples = {'1+2': ['3'], '2*3': ['6'], '4-1': ['3'], '(1+2)*3': ['3*3', '9'], '2*(3+4)': ['2*7', '3']}
+    model = FakeModel({
+        '1+2': '3',  # right
+        '2*3': '7',  # wrong answer
+        '4-1': '3+3+3+3+3+3+3+3+3+3',  # right digits, but it never ends
+        '(1+2)*3': '3*3=9',  # right, through the steps
+        '2*(3+4)': '2*7=2*7=3',  # right answer after a detour: the answer is what counts
+    })
+    assert arith.solved(model, examples, batch) == {'1+2', '(1+2)*3', '2*(3+4)'}
+    # One call per prompt length (3 and 7 characters), or per prompt with batch=1. The fake looks each
+    # prompt up whole, so a padded one would fail.
+    assert len(model.calls) == (5 if batch == 1 else 2)
+
+
+def test_end_to_end_prepare_train_and_evaluate(data_dir, tmp_path):
+    out = tmp_path / 'out'
+    run('train.py', 'config/arith.py', f'--data_dir={data_dir}', f'--out_dir={out}',
+        f'--vocab_size={len(arith.VOCAB)}', '--device=cpu', '--block_size=128', '--batch_size=4',
+        '--max_iters=20', '--eval_interval=20', '--eval_iters=1', '--log_interval=10', '--warmup_iters=2')
+    stdout = run('arith.py', '--mode=eval', f'--ckpt_dir={out}', '--eval_per_ops=10', '--device=cpu')
+    lines = stdout.strip().splitlines()
+    assert any(line.split()[:2] == ['operators', 'operands'] for line in lines), stdout
+    result = json.loads(lines[-1])
+    assert result['step'] == 20 and result['router'] == 'static'
+    assert sorted(result['accuracy']) == sorted(result['accuracy_all']) == ['1', '2', '3'], result
+    for n_ops, accuracy in result['accuracy_all'].items():
+        assert result['n'][n_ops] == 10 and 0.0 <= accuracy <= 1.0, result
+        held_out = result['n_held_out'][n_ops]
+        assert (result['accuracy'][n_ops] is None) == (held_out == 0) and held_out <= 10, result
