@@ -87,14 +87,22 @@ class InputError(Exception):
     """Bad input: main() reports it in one line, without a traceback."""
 
 
+def squeeze_spaces(text):
+    """Each line without its indentation and with runs of spaces made one. The docs indent heavily,
+    and GPT-2 spends a token per space: unsqueezed, one token in six is a space, and a small model
+    learns mostly to write whitespace."""
+    return "\n".join(" ".join(line.split()) for line in text.split("\n"))
+
+
 def pydoc_documents(max_chars=3000):
-    """Python's bundled documentation (pydoc_data, ~465K characters) in pieces of about max_chars.
+    """Python's bundled documentation (pydoc_data, ~465K characters), its spaces squeezed, in pieces of
+    about max_chars.
     Its topics run from 200 to 62K characters; cutting long ones at paragraph breaks keeps a single
     big topic from landing whole in (or out of) the 5% validation split."""
     from pydoc_data.topics import topics  # here, not at the top, so importing prepare.py stays cheap
     for name in sorted(topics):
         parts, chars = [], 0
-        for paragraph in topics[name].split("\n\n"):
+        for paragraph in squeeze_spaces(topics[name]).split("\n\n"):
             if parts and chars + len(paragraph) > max_chars:
                 yield "\n\n".join(parts)
                 parts, chars = [], 0

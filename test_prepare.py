@@ -165,7 +165,8 @@ def test_pydoc_documents_are_small_pieces_that_rejoin_into_the_topics():
     from pydoc_data.topics import topics
     docs = list(prepare.pydoc_documents())
     assert len(docs) > 100 and max(map(len, docs)) < 10_000
-    assert "\n\n".join(docs) == "\n\n".join(topics[name] for name in sorted(topics))
+    assert "\n\n".join(docs) == "\n\n".join(prepare.squeeze_spaces(topics[name]) for name in sorted(topics))
+    assert "  " not in "".join(docs) and "\n " not in "".join(docs)
 
 
 def test_fineweb_texts_takes_the_text_field_and_names_a_bad_record():
