@@ -20,8 +20,7 @@ import sys
 import numpy as np
 import torch
 
-from configurator import apply_overrides, fail, load_checkpoint
-from lime import GPT, GPTConfig
+from configurator import apply_overrides, fail, load_model
 from prepare import read_shard
 
 try:  # optional: without it the tables are all there is
@@ -160,18 +159,6 @@ def save(fig, path):
     print(f"wrote {path}")
 
 
-def load_model(out_dir, device):
-    path = os.path.join(out_dir, 'ckpt.pt')
-    if not os.path.isfile(path):  # load_checkpoint's own message would point at train.py's --out_dir
-        fail(f"no checkpoint at {path} (each of --out_dirs must hold a ckpt.pt written by train.py)")
-    checkpoint = load_checkpoint(path, device)
-    model = GPT(GPTConfig(**checkpoint['model_args']))
-    model.load_state_dict(checkpoint['model'])
-    print(f"loaded {path}: step {checkpoint['step']}, router={model.config.router}, "
-          f"val loss {checkpoint['best_val_loss']:.4f}")
-    return model.eval().to(device)
-
-
 def validation_batch(data_dir, batch_size, T, seed):
     """batch_size sequences of T tokens (B, T) from random places in the validation shard."""
     files = sorted(glob.glob(os.path.join(data_dir, '*_val_*.bin')))
@@ -197,7 +184,8 @@ def main(argv):
     if not dirs or len(set(names)) < len(names):
         fail(f"--out_dirs needs one or more directories with different basenames, got {config['out_dirs']!r}")
     # All loaded at once: analysis models are small, and the sequence length depends on all of them.
-    models = {name: load_model(d, config['device']) for name, d in zip(names, dirs)}
+    models = {name: load_model(os.path.join(d, 'ckpt.pt'), config['device'])[0]
+              for name, d in zip(names, dirs)}
     # Entropy depends on the number of tokens (it is at most log(T - 1)): use one T for all.
     T = min(model.config.block_size for model in models.values())
     idx = validation_batch(config['data_dir'], config['batch_size'], T, config['seed'])

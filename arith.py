@@ -51,8 +51,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from configurator import apply_overrides, fail, load_checkpoint
-from lime import GPT, GPTConfig
+from configurator import apply_overrides, fail, load_model
 from prepare import read_shard, write_shard
 
 # -----------------------------------------------------------------------------
@@ -261,18 +260,12 @@ def share(part, whole):
 
 
 def run_eval(given):
-    path = os.path.join(ckpt_dir, 'ckpt.pt')
-    if not os.path.isfile(path):
-        fail(f"no checkpoint at {path} (train one with config/arith.py, or set --ckpt_dir)")
-    checkpoint = load_checkpoint(path, device)
-    if checkpoint['model_args']['vocab_size'] != len(VOCAB):
-        fail(f"the checkpoint's vocab_size is {checkpoint['model_args']['vocab_size']}, not this task's "
+    model, checkpoint = load_model(os.path.join(ckpt_dir, 'ckpt.pt'), device)
+    if model.config.vocab_size != len(VOCAB):
+        fail(f"the checkpoint's vocab_size is {model.config.vocab_size}, not this task's "
              f"{len(VOCAB)}: train it with config/arith.py")
     data_dir = checkpoint['config']['data_dir']
     task = read_task(data_dir)
-    model = GPT(GPTConfig(**checkpoint['model_args']))
-    model.load_state_dict(checkpoint['model'])
-    model.eval().to(device)
     seen = training_expressions(data_dir)
     lo = min_ops if 'min_ops' in given else task['min_ops']
     hi = max_ops if 'max_ops' in given else task['max_ops']

@@ -1,6 +1,6 @@
 """
 configurator.py: what the scripts share: command-line overrides (nanoGPT style), one-line errors,
-and reading checkpoints.
+and reading checkpoints and the models in them.
 
     python train.py config/cpu_demo.py --router=dynamic --learning_rate=3e-4
 
@@ -12,8 +12,11 @@ the script with one line naming the problem and the closest known keys.
 import ast
 import difflib
 import os
+import sys
 
 import torch
+
+from lime import GPT, GPTConfig
 
 
 def fail(message):
@@ -84,9 +87,19 @@ def apply_overrides(config, argv):
 def load_checkpoint(path, device):
     """The dict train.py saved at path, with a one-line error if it is missing or unreadable."""
     if not os.path.isfile(path):
-        fail(f"no checkpoint at {path} (train one with train.py, or set --out_dir)")
+        fail(f"no checkpoint at {path} (train.py writes one to its out_dir)")
     try:
         return torch.load(path, map_location=device)
     except Exception as e:  # torch's messages run to many lines: keep the last, most specific one
         lines = [line for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
         fail(f"could not read checkpoint {path} (damaged, or not saved by train.py): {lines[-1].strip()}")
+
+
+def load_model(path, device):
+    """The model in the checkpoint at path, in eval mode on device, and the checkpoint itself."""
+    checkpoint = load_checkpoint(path, device)
+    model = GPT(GPTConfig(**checkpoint['model_args']))
+    model.load_state_dict(checkpoint['model'])
+    print(f"loaded {path}: step {checkpoint['step']}, router={model.config.router}, "
+          f"val loss {checkpoint['best_val_loss']:.4f}", file=sys.stderr)
+    return model.eval().to(device), checkpoint

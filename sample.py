@@ -12,8 +12,7 @@ from contextlib import nullcontext
 import tiktoken
 import torch
 
-from configurator import apply_overrides, fail, load_checkpoint
-from lime import GPT, GPTConfig
+from configurator import apply_overrides, fail, load_model
 
 # -----------------------------------------------------------------------------
 out_dir = 'out'  # the directory holding ckpt.pt
@@ -52,15 +51,10 @@ if not start_ids:
     fail("the prompt is empty: give some text with --start (the default starts a new document)")
 
 ckpt_path = os.path.join(out_dir, 'ckpt.pt')
-checkpoint = load_checkpoint(ckpt_path, device)
-if checkpoint['model_args']['vocab_size'] != 50257:
-    fail(f"{ckpt_path} was trained on a vocabulary of {checkpoint['model_args']['vocab_size']} tokens, "
+model, checkpoint = load_model(ckpt_path, device)
+if model.config.vocab_size != 50257:
+    fail(f"{ckpt_path} was trained on a vocabulary of {model.config.vocab_size} tokens, "
          "not GPT-2's 50257: sample.py can't decode it")
-model = GPT(GPTConfig(**checkpoint['model_args']))
-model.load_state_dict(checkpoint['model'])
-model.eval().to(device)
-print(f"loaded {ckpt_path}: step {checkpoint['step']}, router={model.config.router}, "
-      f"val loss {checkpoint['best_val_loss']:.4f}", file=sys.stderr)
 idx = torch.tensor([start_ids] * num_samples, dtype=torch.long, device=device)  # (num_samples, T)
 
 with autocast:
