@@ -15,12 +15,11 @@ import statistics
 import subprocess
 import sys
 import time
-from contextlib import nullcontext
 from datetime import date
 
 import torch
 
-from configurator import apply_overrides, fail
+from configurator import apply_overrides, fail, resolve_device
 from lime import GPT, GPTConfig
 
 SHAPES = {  # name: (GPTConfig fields, batch size)
@@ -45,17 +44,13 @@ bandwidth = 3.0e12  # memory bandwidth for the routing floor, bytes/s (measured 
 # -----------------------------------------------------------------------------
 config = {k: v for k, v in globals().items() if not k.startswith('_') and type(v) in (int, float, bool, str)}
 given = apply_overrides(config, sys.argv[1:])
+device_type, autocast = resolve_device(config, given)
 globals().update(config)
-device_type = 'cuda' if 'cuda' in device else 'cpu'
-if device_type == 'cpu':
-    dtype = dtype if 'dtype' in given else 'float32'
-    compile = compile if 'compile' in given else False
 if shape not in SHAPES:
     fail(f"shape must be one of {', '.join(SHAPES)}, got {shape!r}")
 router_list = sorted(routers.split(','), key=lambda r: r != 'none')  # the baseline first: ratios need it
 model_args, default_batch = SHAPES[shape]
 B, T = batch_size or default_batch, model_args['block_size']
-autocast = torch.autocast(device_type, dtype=torch.bfloat16) if dtype == 'bfloat16' else nullcontext()
 torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
 

@@ -13,6 +13,7 @@ import ast
 import difflib
 import os
 import sys
+from contextlib import nullcontext
 
 import torch
 
@@ -83,6 +84,21 @@ def apply_overrides(config, argv):
             given |= read_config_file(arg, config)
     return given
 
+
+
+def resolve_device(config, given):
+    """(device_type, autocast context) from config's device and dtype. On a CPU, dtype and compile
+    default to float32 and False unless given: CPUs have no fast bfloat16 matmuls, and compiling
+    there rarely pays off. Updates config in place."""
+    device_type = 'cuda' if 'cuda' in config['device'] else 'cpu'
+    if device_type == 'cpu':
+        config['dtype'] = config['dtype'] if 'dtype' in given else 'float32'
+        if 'compile' in config and 'compile' not in given:
+            config['compile'] = False
+    if config['dtype'] not in ('float32', 'bfloat16'):
+        fail(f"dtype must be 'float32' or 'bfloat16', got {config['dtype']!r}")
+    bf16 = config['dtype'] == 'bfloat16'
+    return device_type, torch.autocast(device_type, dtype=torch.bfloat16) if bf16 else nullcontext()
 
 def load_checkpoint(path, device):
     """The dict train.py saved at path, with a one-line error if it is missing or unreadable."""

@@ -7,12 +7,11 @@ sample.py: generate text from a checkpoint written by train.py, with the model's
 """
 import os
 import sys
-from contextlib import nullcontext
 
 import tiktoken
 import torch
 
-from configurator import apply_overrides, fail, load_model
+from configurator import apply_overrides, fail, load_model, resolve_device
 
 # -----------------------------------------------------------------------------
 out_dir = 'out'  # the directory holding ckpt.pt
@@ -27,17 +26,12 @@ dtype = 'bfloat16'  # 'bfloat16' (autocast) or 'float32'; on a CPU the default b
 # -----------------------------------------------------------------------------
 config = {k: v for k, v in globals().items() if not k.startswith('_') and type(v) in (int, float, bool, str)}
 given = apply_overrides(config, sys.argv[1:])
+device_type, autocast = resolve_device(config, given)
 globals().update(config)
 
-device_type = 'cuda' if 'cuda' in device else 'cpu'
-if device_type == 'cpu' and 'dtype' not in given:
-    dtype = 'float32'
-if dtype not in ('float32', 'bfloat16'):
-    fail(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
 if num_samples <= 0 or max_new_tokens <= 0 or temperature < 0 or top_k < 0:
     fail("num_samples and max_new_tokens must be positive, temperature and top_k not negative")
 torch.manual_seed(seed)
-autocast = torch.autocast(device_type, dtype=torch.bfloat16) if dtype == 'bfloat16' else nullcontext()
 
 if start.startswith('FILE:'):
     path = start[len('FILE:'):]

@@ -138,6 +138,8 @@ def test_bad_values_and_config_files_give_one_clear_line(data_dir, tmp_path):
     assert_clean_error(run('train.py', '--batch_size=big', check=False), 'batch_size must be int')
     assert_clean_error(run('train.py', f'--data_dir={data_dir}', '--router=statc', check=False), 'statc')
     assert_clean_error(run('train.py', 'batch_size=3', check=False), 'config file not found')
+    for script in ('train.py', 'sample.py', 'bench.py'):  # all three share one device/dtype check
+        assert_clean_error(run(script, '--device=cpu', '--dtype=bf16', check=False), "'bf16'")
     bad = tmp_path / 'bad.py'
     bad.write_text("n_layer = 4\nimport os\n")
     assert_clean_error(run('train.py', str(bad), check=False), 'bad.py:2', 'key = value')

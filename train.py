@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from configurator import apply_overrides, fail, load_checkpoint
+from configurator import apply_overrides, fail, load_checkpoint, resolve_device
 from lime import GPT, GPTConfig
 from prepare import read_shard
 
@@ -71,15 +71,9 @@ seed = 1337
 # -----------------------------------------------------------------------------
 config = {k: v for k, v in globals().items() if not k.startswith('_') and type(v) in (int, float, bool, str)}
 given = apply_overrides(config, sys.argv[1:])
+device_type, autocast = resolve_device(config, given)
 globals().update(config)
 
-device_type = 'cuda' if 'cuda' in device else 'cpu'
-if device_type == 'cpu':  # CPUs have no fast bfloat16 matmuls, and compiling there rarely pays off
-    dtype = dtype if 'dtype' in given else 'float32'
-    compile = compile if 'compile' in given else False
-config.update(dtype=dtype, compile=compile)
-if dtype not in ('float32', 'bfloat16'):
-    fail(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
 if init_from not in ('scratch', 'resume'):
     fail(f"init_from must be 'scratch' or 'resume', got {init_from!r}")
 for key in ('batch_size', 'block_size', 'gradient_accumulation_steps', 'max_iters', 'eval_interval',
@@ -124,7 +118,6 @@ if device_type == 'cpu' and sys.platform == 'linux':
 torch.manual_seed(seed)
 torch.backends.cuda.matmul.allow_tf32 = True  # only float32 work is affected; bf16 is unchanged
 torch.backends.cudnn.allow_tf32 = True
-autocast = torch.autocast(device_type, dtype=torch.bfloat16) if dtype == 'bfloat16' else nullcontext()
 
 
 def shard_files(kind):
