@@ -18,14 +18,17 @@ Einsum letters: b batch, t time, c key-or-value, g output head, h input head, d 
 
     python -c "import lime; lime.GPT(lime.GPTConfig(router='static'))"
 """
+import importlib.util
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 ROUTERS = ('none', 'static', 'dynamic')
+HAVE_TRITON = importlib.util.find_spec('triton') is not None  # for fused.py's kernels; optional
 
 
 @dataclass
@@ -40,6 +43,10 @@ class GPTConfig:
     rope_base: float = 10000.0  # RoPE wavelength base, as in LLaMA
     router: str = 'none'  # 'none' = LLaMA; 'static' / 'dynamic' = LIMe routers over all earlier layers
     router_top_p: float = 1.0  # keep the smallest set of sources holding this much routing mass; 1 = off
+    # How the routers compute their mix, not part of the model (checkpoints load either way):
+    # None = fused Triton kernels (fused.py) where they run natively, on CUDA with triton installed;
+    # True = always (on a CPU, through Triton's interpreter: slow, for tests); False = plain PyTorch.
+    fused: Optional[bool] = None
 
     def __post_init__(self):
         self.n_kv_head = self.n_kv_head or self.n_head
@@ -102,6 +109,24 @@ def top_p_mask(weights, p):
     return torch.zeros_like(keep).scatter(-1, order, keep)
 
 
+class Mixer:
+    """Chooses, per call, how a router computes its mix (GPTConfig.fused): lime.py's plain PyTorch,
+    which is the definition, or fused.py's Triton kernels, which compute the same numbers faster."""
+
+    def __init__(self, config):
+        self.always = config.fused is True
+        wanted = self.always or (config.fused is None and torch.cuda.is_available() and HAVE_TRITON)
+        if wanted and not HAVE_TRITON:
+            raise ValueError("fused=True needs triton (pip install triton), or use fused=None / False")
+        self.ops = None
+        if wanted:
+            import fused  # only here: it loads triton (and on a machine without CUDA, its interpreter)
+            self.ops = fused
+
+    def fused(self, x):  # the fused ops for a mix of tensors like x, or None for the plain mix
+        return self.ops if self.ops is not None and (x.is_cuda or self.always) else None
+
+
 class StaticRouter(nn.Module):
     """LIMe's static router (paper v2): layer l's keys (and, with the same weights, values) for
     kv head g are a learned signed mix of every kv head of every layer 0..l:
@@ -113,6 +138,7 @@ class StaticRouter(nn.Module):
         G, S = config.n_kv_head, layer_idx + 1
         self.top_p = config.router_top_p
         self.weight = nn.Parameter(torch.empty(G, S * G))  # R, row g: all (source layer, head) pairs
+        self.mixer = Mixer(config)
 
     def reset_parameters(self):
         # Paper init: identity on the layer's own heads (so it starts as its own keys/values plus
@@ -132,6 +158,8 @@ class StaticRouter(nn.Module):
         return R
 
     def forward(self, h, memory):  # memory: S tensors (B, T, 2, G, hs), layers 0..l
+        if fused := self.mixer.fused(memory[0]):
+            return fused.static_mix(self.mix_weights(), memory)  # the same sum in one kernel
         G = self.weight.size(0)
         R = self.mix_weights().view(G, len(memory), G)  # (g, source layer, h)
         # One small einsum per source layer, summed: no torch.stack/cat copy of the memory.
@@ -148,6 +176,7 @@ class DynamicRouter(nn.Module):
         self.n_kv_head, self.n_source = config.n_kv_head, layer_idx + 1
         self.top_p = config.router_top_p
         self.proj = nn.Linear(config.n_embd, self.n_kv_head * self.n_source, bias=True)
+        self.mixer = Mixer(config)
 
     def reset_parameters(self):
         # Start close to the baseline: zero weights (every token routes alike at first, until the
@@ -169,6 +198,8 @@ class DynamicRouter(nn.Module):
         return probs
 
     def forward(self, h, memory):  # memory: S tensors (B, T, 2, G, hs), layers 0..l
+        if fused := self.mixer.fused(memory[0]):
+            return fused.dynamic_mix(self.mix_weights(h), memory)  # the same sum in one kernel
         probs = self.mix_weights(h).type_as(memory[0])  # (B, T, G, S)
         # A weighted sum of the S tensors, pointwise, which torch.compile can fuse into one kernel.
         return sum(kv * probs[:, :, None, :, m, None] for m, kv in enumerate(memory))

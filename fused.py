@@ -1,0 +1,293 @@
+"""
+fused.py: LIMe's mix of the layer memory as fused Triton kernels, forward and backward.
+
+lime.py's routers define the mix in plain PyTorch; this file computes the same numbers faster on a
+GPU (the tests hold the two paths together). Layer l's mix reads S = l + 1 source tensors of the
+memory. Written as one einsum or product per source (lime.py), each term is its own kernel with
+its own copies saved for backward, and torch.compile's graph grows as n_layer^2. Here each layer's
+mix is one custom op (one node in the compiled graph, so compiling stays fast at any depth) that
+reads every source once, accumulates in fp32, and writes once; its backward reads the output's
+gradient once and writes each source's gradient once. Nothing is saved but the router's weights and
+the sources, which the memory keeps alive anyway.
+
+    static_mix(R, memory)       R (G, S*G), memory S tensors (B, T, 2, G, hs) -> (B, T, 2, G, hs)
+    dynamic_mix(probs, memory)  probs (B, T, G, S)
+
+On a machine without CUDA the kernels run under Triton's interpreter (slowly: that is for tests).
+The interpreter must be chosen before any kernel is defined, so importing this file sets
+TRITON_INTERPRET=1 there; its tl.dot is wrong on bfloat16, so the kernels upcast when interpreting.
+Tile sizes: the defaults are the ones measured best on an H100 (perf_notes.md); on a GPU,
+triton.autotune also tries a few neighbours the first time it sees a shape.
+"""
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault('TRITON_INTERPRET', '1')
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+INTERPRET = os.environ.get('TRITON_INTERPRET') == '1'
+TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+def autotuned(configs, key, **kwargs):
+    """triton.autotune over configs on a GPU; the first config alone under the interpreter, where
+    timing means nothing and several configs fail."""
+    return triton.autotune(configs[:1] if INTERPRET else configs, key=key, **kwargs)
+
+
+def tile_configs(**default_and_neighbours):
+    """Configs from {name: [default, alternatives...]}: the default first, then one change at a time."""
+    first = {name: values[0] for name, values in default_and_neighbours.items()}
+    configs = [triton.Config(first, num_warps=4)]
+    for name, values in default_and_neighbours.items():
+        configs += [triton.Config({**first, name: v}, num_warps=4) for v in values[1:]]
+    return configs + [triton.Config(first, num_warps=8)]
+
+
+# ---------------------------------------------------------------------------------------------
+# static: out[row, g, :] = sum_m sum_h R[g, m*G + h] * src_m[row, h, :]
+# A "row" is one (batch, time, key-or-value) triple: G heads of HS channels, contiguous. A program
+# takes ROWS rows at a time as a (G, ROWS*HS) tile, so the mix over heads is one small matmul per
+# source on tensor cores: (G x G) @ (G x ROWS*HS). G and HS are padded to powers of two (masked).
+
+
+@autotuned(tile_configs(ROWS=[4, 2, 8]), key=['G', 'HS'])
+@triton.jit
+def static_mix_fwd_kernel(src_ptrs, R, out, n_rows, S, G: tl.constexpr, HS: tl.constexpr,
+                          GP: tl.constexpr, HSP: tl.constexpr, DTYPE: tl.constexpr,
+                          FP32_DOT: tl.constexpr, ROWS: tl.constexpr):
+    col = tl.arange(0, ROWS * HSP)
+    row = tl.program_id(0) * ROWS + col // HSP
+    d = col % HSP
+    g = tl.arange(0, GP)
+    tile = g[:, None] * HS + (row.to(tl.int64) * (G * HS) + d)[None, :]  # (GP, ROWS*HSP) offsets
+    mask = (g < G)[:, None] & ((row < n_rows) & (d < HS))[None, :]
+    r_tile = g[:, None] * (S * G) + g[None, :]  # R[g, m*G + h] = r_tile + m*G
+    r_mask = (g < G)[:, None] & (g < G)[None, :]
+    acc = tl.zeros((GP, ROWS * HSP), dtype=tl.float32)
+    for m in range(S):
+        src = tl.load(src_ptrs + m).to(tl.pointer_type(DTYPE))
+        x = tl.load(src + tile, mask=mask, other=0.0)
+        r = tl.load(R + r_tile + m * G, mask=r_mask, other=0.0)
+        if FP32_DOT:
+            acc += tl.dot(r.to(tl.float32), x.to(tl.float32))
+        else:
+            acc += tl.dot(r.to(x.dtype), x)
+    tl.store(out + tile, acc.to(out.dtype.element_ty), mask=mask)
+
+
+@autotuned(tile_configs(ROWS=[4, 2, 8]), key=['G', 'HS'], reset_to_zero=['dR_part'])
+@triton.jit
+def static_mix_bwd_kernel(src_ptrs, dsrc_ptrs, R, dout, dR_part, n_rows, S, G: tl.constexpr,
+                          HS: tl.constexpr, GP: tl.constexpr, HSP: tl.constexpr,
+                          DTYPE: tl.constexpr, FP32_DOT: tl.constexpr, ROWS: tl.constexpr):
+    # A fixed number of programs, each looping over tiles: R's gradient is summed per program in a
+    # small private slice of dR_part (S, GP, GP) (no atomics, so it is deterministic), and the
+    # slices are added up afterwards. dsrc_ptrs: where each source's gradient goes.
+    pid, n_programs = tl.program_id(0), tl.num_programs(0)
+    col = tl.arange(0, ROWS * HSP)
+    d = col % HSP
+    g = tl.arange(0, GP)
+    r_tile = g[:, None] * (S * G) + g[None, :]
+    r_mask = (g < G)[:, None] & (g < G)[None, :]
+    part = dR_part + pid.to(tl.int64) * S * GP * GP + g[:, None] * GP + g[None, :]
+    for start in range(pid * ROWS, n_rows, n_programs * ROWS):
+        row = start + col // HSP
+        tile = g[:, None] * HS + (row.to(tl.int64) * (G * HS) + d)[None, :]
+        mask = (g < G)[:, None] & ((row < n_rows) & (d < HS))[None, :]
+        dy = tl.load(dout + tile, mask=mask, other=0.0)  # read once for all S sources
+        if FP32_DOT:
+            dy = dy.to(tl.float32)
+        for m in range(S):
+            src = tl.load(src_ptrs + m).to(tl.pointer_type(DTYPE))
+            x = tl.load(src + tile, mask=mask, other=0.0)
+            r = tl.load(R + r_tile + m * G, mask=r_mask, other=0.0)
+            if FP32_DOT:
+                x, r = x.to(tl.float32), r.to(tl.float32)
+            else:
+                r = r.to(x.dtype)
+            dx = tl.dot(tl.trans(r), dy)  # d src_m[h, :] = sum_g R[g, h] dout[g, :]
+            dsrc = tl.load(dsrc_ptrs + m).to(tl.pointer_type(DTYPE))
+            tl.store(dsrc + tile, dx.to(DTYPE), mask=mask)
+            dr = tl.dot(dy, tl.trans(x))  # d R[g, h] = sum over the tile of dout[g, :] src_m[h, :]
+            tl.store(part + m * GP * GP, tl.load(part + m * GP * GP) + dr)
+
+
+def launch_info(sources):
+    x = sources[0]
+    if not all(s.shape == x.shape and s.dtype == x.dtype and s.device == x.device for s in sources):
+        raise ValueError("the layer memory's tensors must share one shape, dtype and device")
+    if x.dtype not in TL_DTYPES:
+        raise ValueError(f"fused mix: unsupported dtype {x.dtype}")
+    if x.device.type != 'cuda' and not INTERPRET:
+        raise RuntimeError("fused=True on a CPU tensor needs Triton's interpreter: set "
+                           "TRITON_INTERPRET=1 before starting Python, or use fused=None / False")
+    sources = [s.contiguous() for s in sources]
+    ptrs = addresses(sources)
+    _, _, _, G, HS = x.shape
+    return sources, ptrs, dict(G=G, HS=HS, HSP=triton.next_power_of_2(HS),
+                               DTYPE=TL_DTYPES[x.dtype], FP32_DOT=INTERPRET)
+
+
+def addresses(tensors):
+    """Triton takes one pointer per argument, so the S sources travel as a tensor of addresses."""
+    return torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64, device=tensors[0].device)
+
+
+def n_programs(device, n_tiles):
+    if device.type == 'cuda':
+        return min(n_tiles, 4 * torch.cuda.get_device_properties(device).multi_processor_count)
+    return min(n_tiles, 8)  # the interpreter runs programs one by one
+
+
+@torch.library.custom_op('lime::static_mix', mutates_args=())
+def static_mix(R: torch.Tensor, sources: list[torch.Tensor]) -> torch.Tensor:
+    """sum_m sum_h R[g, m*G + h] * sources[m][..., h, :], for sources of shape (B, T, 2, G, hs)."""
+    sources, ptrs, meta = launch_info(sources)
+    out = torch.empty_like(sources[0])
+    n_rows = out.numel() // (meta['G'] * meta['HS'])
+    GP = max(16, triton.next_power_of_2(meta['G']))  # tl.dot wants every side >= 16
+    grid = lambda cfg: (triton.cdiv(n_rows, cfg['ROWS']),)  # noqa: E731
+    static_mix_fwd_kernel[grid](ptrs, R.contiguous(), out, n_rows, len(sources), GP=GP, **meta)
+    return out
+
+
+@static_mix.register_fake
+def _(R, sources):
+    return torch.empty_like(sources[0])
+
+
+@torch.library.custom_op('lime::static_mix_backward', mutates_args=())
+def static_mix_backward(grad: torch.Tensor, R: torch.Tensor,
+                        sources: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(R's gradient (G, S*G), the sources' gradients stacked (S, B, T, 2, G, hs))."""
+    sources, ptrs, meta = launch_info(sources)
+    S, G = len(sources), meta['G']
+    n_rows = grad.numel() // (G * meta['HS'])
+    GP = max(16, triton.next_power_of_2(G))
+    programs = n_programs(grad.device, triton.cdiv(n_rows, 2))  # 2: the smallest ROWS tried
+    dsrc = torch.empty((S, *grad.shape), dtype=grad.dtype, device=grad.device)
+    dR_part = torch.zeros((programs, S, GP, GP), dtype=torch.float32, device=grad.device)
+    static_mix_bwd_kernel[(programs,)](ptrs, addresses(dsrc.unbind(0)), R.contiguous(), grad.contiguous(),
+                                       dR_part, n_rows, S, GP=GP, **meta)
+    dR = dR_part.sum(0)[:, :G, :G]  # (m, g, h) -> R's layout (g, m*G + h)
+    return dR.transpose(0, 1).reshape(G, S * G).to(R.dtype), dsrc
+
+
+@static_mix_backward.register_fake
+def _(grad, R, sources):
+    return torch.empty_like(R), grad.new_empty((len(sources), *grad.shape))
+
+
+def static_mix_setup(ctx, inputs, output):
+    R, sources = inputs
+    ctx.save_for_backward(R, *sources)
+
+
+def static_mix_grad(ctx, grad):
+    R, *sources = ctx.saved_tensors
+    dR, dsrc = static_mix_backward(grad, R, sources)
+    return dR, list(dsrc.unbind(0))
+
+
+static_mix.register_autograd(static_mix_grad, setup_context=static_mix_setup)
+
+
+# ---------------------------------------------------------------------------------------------
+# dynamic: out[b, t, c, g, :] = sum_m probs[b, t, g, m] * src_m[b, t, c, g, :]
+# Here a "row" is one (batch, time, head) triple, whose 2*HS channels (key and value) share one
+# weight per source: a program takes ROWS rows as a (ROWS, 2*HS) tile. No matmul, just a weighted
+# sum, and the probabilities' gradient is a dot product per row.
+
+
+@autotuned(tile_configs(ROWS=[16, 8, 32]), key=['G', 'HS'])
+@triton.jit
+def dynamic_mix_fwd_kernel(src_ptrs, probs, out, n_rows, S, G: tl.constexpr, HS: tl.constexpr,
+                           HSP: tl.constexpr, DTYPE: tl.constexpr, FP32_DOT: tl.constexpr,
+                           ROWS: tl.constexpr):
+    row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    col = tl.arange(0, 2 * HSP)  # (key or value, channel)
+    c, d = col // HSP, col % HSP
+    tile = ((row // G).to(tl.int64) * (2 * G * HS) + (row % G) * HS)[:, None] + (c * (G * HS) + d)[None, :]
+    mask = (row < n_rows)[:, None] & (d < HS)[None, :]
+    acc = tl.zeros((ROWS, 2 * HSP), dtype=tl.float32)
+    for m in range(S):
+        src = tl.load(src_ptrs + m).to(tl.pointer_type(DTYPE))
+        x = tl.load(src + tile, mask=mask, other=0.0).to(tl.float32)
+        p = tl.load(probs + row.to(tl.int64) * S + m, mask=row < n_rows, other=0.0).to(tl.float32)
+        acc += p[:, None] * x
+    tl.store(out + tile, acc.to(out.dtype.element_ty), mask=mask)
+
+
+@autotuned(tile_configs(ROWS=[16, 8, 32]), key=['G', 'HS'])
+@triton.jit
+def dynamic_mix_bwd_kernel(src_ptrs, dsrc_ptrs, probs, dout, dprobs, n_rows, S, G: tl.constexpr,
+                           HS: tl.constexpr, HSP: tl.constexpr, DTYPE: tl.constexpr,
+                           FP32_DOT: tl.constexpr, ROWS: tl.constexpr):
+    row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    col = tl.arange(0, 2 * HSP)
+    c, d = col // HSP, col % HSP
+    tile = ((row // G).to(tl.int64) * (2 * G * HS) + (row % G) * HS)[:, None] + (c * (G * HS) + d)[None, :]
+    mask = (row < n_rows)[:, None] & (d < HS)[None, :]
+    dy = tl.load(dout + tile, mask=mask, other=0.0).to(tl.float32)  # read once for all S sources
+    for m in range(S):
+        src = tl.load(src_ptrs + m).to(tl.pointer_type(DTYPE))
+        x = tl.load(src + tile, mask=mask, other=0.0).to(tl.float32)
+        p_at = probs + row.to(tl.int64) * S + m
+        p = tl.load(p_at, mask=row < n_rows, other=0.0).to(tl.float32)
+        dsrc = tl.load(dsrc_ptrs + m).to(tl.pointer_type(DTYPE))
+        tl.store(dsrc + tile, (p[:, None] * dy).to(DTYPE), mask=mask)
+        tl.store(dprobs + row.to(tl.int64) * S + m, tl.sum(dy * x, axis=1).to(dprobs.dtype.element_ty),
+                 mask=row < n_rows)
+
+
+@torch.library.custom_op('lime::dynamic_mix', mutates_args=())
+def dynamic_mix(probs: torch.Tensor, sources: list[torch.Tensor]) -> torch.Tensor:
+    """sum_m probs[b, t, g, m] * sources[m][b, t, :, g, :], for sources of shape (B, T, 2, G, hs)."""
+    sources, ptrs, meta = launch_info(sources)
+    out = torch.empty_like(sources[0])
+    n_rows = out.numel() // (2 * meta['HS'])
+    grid = lambda cfg: (triton.cdiv(n_rows, cfg['ROWS']),)  # noqa: E731
+    dynamic_mix_fwd_kernel[grid](ptrs, probs.contiguous(), out, n_rows, len(sources), **meta)
+    return out
+
+
+@dynamic_mix.register_fake
+def _(probs, sources):
+    return torch.empty_like(sources[0])
+
+
+@torch.library.custom_op('lime::dynamic_mix_backward', mutates_args=())
+def dynamic_mix_backward(grad: torch.Tensor, probs: torch.Tensor,
+                         sources: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the probabilities' gradient (B, T, G, S), the sources' gradients stacked (S, B, T, 2, G, hs))."""
+    sources, ptrs, meta = launch_info(sources)
+    n_rows = grad.numel() // (2 * meta['HS'])
+    dsrc = torch.empty((len(sources), *grad.shape), dtype=grad.dtype, device=grad.device)
+    dprobs = torch.empty_like(probs)
+    grid = lambda cfg: (triton.cdiv(n_rows, cfg['ROWS']),)  # noqa: E731
+    dynamic_mix_bwd_kernel[grid](ptrs, addresses(dsrc.unbind(0)), probs.contiguous(), grad.contiguous(),
+                                 dprobs, n_rows, len(sources), **meta)
+    return dprobs, dsrc
+
+
+@dynamic_mix_backward.register_fake
+def _(grad, probs, sources):
+    return torch.empty_like(probs), grad.new_empty((len(sources), *grad.shape))
+
+
+def dynamic_mix_setup(ctx, inputs, output):
+    probs, sources = inputs
+    ctx.save_for_backward(probs, *sources)
+
+
+def dynamic_mix_grad(ctx, grad):
+    probs, *sources = ctx.saved_tensors
+    dprobs, dsrc = dynamic_mix_backward(grad, probs, sources)
+    return dprobs, list(dsrc.unbind(0))
+
+
+dynamic_mix.register_autograd(dynamic_mix_grad, setup_context=dynamic_mix_setup)

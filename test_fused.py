@@ -1,0 +1,151 @@
+"""
+Tests for fused.py: its Triton kernels compute LIMe's mix exactly as lime.py's plain PyTorch does,
+forward and every gradient, inside the model and under torch.compile, and save less for backward.
+Without a GPU they run under Triton's interpreter (TRITON_INTERPRET=1, set before any kernel is
+defined), which is slow: every shape here is tiny.
+
+    python -m pytest -q test_fused.py
+"""
+import os
+
+os.environ.setdefault('TRITON_INTERPRET', '1')  # before fused.py defines its kernels
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import lime  # noqa: E402
+from lime import GPT, GPTConfig, DynamicRouter, StaticRouter  # noqa: E402
+
+pytest.importorskip('triton', reason="the fused kernels need triton (pip install triton)")
+
+
+def routers(router_class, fused_config, layer_idx):
+    """The same router twice, with the same weights: plain mix and fused mix."""
+    plain = router_class(GPTConfig(**fused_config, fused=False), layer_idx)
+    fused = router_class(GPTConfig(**fused_config, fused=True), layer_idx)
+    if router_class is StaticRouter:
+        plain.reset_parameters()
+    else:  # random, not the zero init, which would hide bugs in the probabilities' gradient
+        torch.nn.init.normal_(plain.proj.weight, std=0.5)
+        torch.nn.init.normal_(plain.proj.bias)
+    fused.load_state_dict(plain.state_dict())
+    return plain, fused
+
+
+def run_mix(router, h, memory, grad):
+    """Output and the gradients of every source, every router parameter and h (which only the
+    dynamic router reads), in float32."""
+    h = h.detach().clone().requires_grad_()
+    memory = [kv.detach().clone().requires_grad_() for kv in memory]
+    out = router(h, memory)
+    out.backward(grad.to(out.dtype))
+    grads = [*(kv.grad for kv in memory), *(p.grad for p in router.parameters())]
+    assert all(g is not None for g in grads), "a source or a router weight got no gradient"
+    if isinstance(router, DynamicRouter):
+        grads.append(h.grad)
+    return out.float(), [g.float() for g in grads]
+
+
+# (n_kv_head G, head size, layer index l so S = l + 1 sources, T): G = 12 is not a power of two;
+# G = 2 is GQA (8 query heads); hs = 6 is not a power of two; T = 3 and 7 leave partial tiles.
+CASES = [(12, 8, 2, 3), (2, 6, 0, 7), (2, 16, 4, 5), (3, 4, 1, 7)]
+
+
+@pytest.mark.parametrize('router_class', [StaticRouter, DynamicRouter])
+@pytest.mark.parametrize('G,hs,layer,T', CASES)
+@pytest.mark.parametrize('top_p', [1.0, 0.7])
+def test_fused_mix_equals_plain_mix_forward_and_backward_in_float32(router_class, G, hs, layer, T, top_p):
+    torch.manual_seed(G * 100 + layer * 10 + T)
+    config = dict(n_layer=layer + 1, n_head=8 if G == 2 else G, n_kv_head=G, n_embd=(8 if G == 2 else G) * hs,
+                  router_top_p=top_p)
+    plain, fused = routers(router_class, config, layer)
+    B = 2
+    h = torch.randn(B, T, config['n_embd'])
+    memory = [torch.randn(B, T, 2, G, hs) for _ in range(layer + 1)]
+    grad = torch.randn(B, T, 2, G, hs)
+    out_plain, grads_plain = run_mix(plain, h, memory, grad)
+    out_fused, grads_fused = run_mix(fused, h, memory, grad)
+    torch.testing.assert_close(out_fused, out_plain, rtol=1e-5, atol=1e-5)
+    assert len(grads_fused) == len(grads_plain)
+    for i, (a, b) in enumerate(zip(grads_fused, grads_plain)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=f"gradient {i} differs")
+
+
+@pytest.mark.parametrize('router_class', [StaticRouter, DynamicRouter])
+def test_fused_mix_in_bfloat16_matches_the_float32_mix_to_bfloat16_rounding(router_class):
+    torch.manual_seed(1)
+    G, hs, layer, T = 12, 8, 3, 5
+    plain, fused = routers(router_class, dict(n_layer=4, n_head=G, n_embd=G * hs), layer)
+    h = torch.randn(2, T, G * hs)
+    memory = [torch.randn(2, T, 2, G, hs).bfloat16() for _ in range(layer + 1)]
+    grad = torch.randn(2, T, 2, G, hs)
+    # The reference: the plain mix in float32 from the same bfloat16-rounded inputs.
+    out_ref, grads_ref = run_mix(plain, h, [kv.float() for kv in memory], grad.bfloat16().float())
+    out_fused, grads_fused = run_mix(fused, h, memory, grad)
+    assert out_fused.dtype == torch.float32 and fused(h, memory).dtype == torch.bfloat16
+    for a, b in zip([out_fused, *grads_fused], [out_ref, *grads_ref]):
+        # bfloat16 keeps 8 bits of mantissa: outputs and source gradients are rounded once at the end.
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2 * b.abs().max().item())
+
+
+@pytest.mark.parametrize('router', ['static', 'dynamic'])
+def test_fused_model_equals_plain_model_and_compiles_to_one_graph(router):
+    torch.manual_seed(0)
+    shape = dict(n_layer=3, n_head=4, n_kv_head=2, n_embd=32, block_size=16, vocab_size=128, router=router,
+                 router_top_p=0.9)
+    plain = GPT(GPTConfig(**shape, fused=False))
+    fused = GPT(GPTConfig(**shape, fused=True))
+    fused.load_state_dict(plain.state_dict())  # one checkpoint format for both paths
+    idx = torch.randint(0, 128, (2, 13))
+    _, loss_plain = plain(idx, idx)
+    loss_plain.backward()
+    # fullgraph: one graph, each layer's mix a single custom-op node; aot_eager traces forward and
+    # backward like inductor does, in seconds on a CPU.
+    _, loss_fused = torch.compile(fused, backend='aot_eager', fullgraph=True)(idx, idx)
+    loss_fused.backward()
+    torch.testing.assert_close(loss_fused, loss_plain, rtol=1e-6, atol=1e-6)
+    for (name, p), q in zip(plain.named_parameters(), fused.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=f"{name}'s gradient differs")
+
+
+def saved_bytes(model, idx):
+    """Bytes the forward pass keeps for backward: every saved tensor's storage, counted once."""
+    storages = {}
+
+    def pack(t):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(idx, idx)
+    return sum(storages.values())
+
+
+def test_fused_static_model_saves_at_most_8_percent_more_than_the_baseline():
+    shape = dict(n_layer=6, n_head=6, n_embd=96, block_size=64, vocab_size=256)
+    idx = torch.randint(0, 256, (2, 64))
+    saved = {}
+    for router, fused in [('none', False), ('static', False), ('static', True), ('dynamic', True)]:
+        torch.manual_seed(0)
+        saved[router, fused] = saved_bytes(GPT(GPTConfig(**shape, router=router, fused=fused)), idx)
+    base = saved['none', False]
+    # The raw sources are kept alive by the memory anyway; the plain mix also saves a transposed
+    # copy per (layer, source) pair, which is what the fused op avoids.
+    assert saved['static', False] / base > 1.08  # the plain mix's cost, so the test can fail
+    assert saved['static', True] / base <= 1.08
+    assert saved['dynamic', True] / base <= 1.08
+
+
+def test_fused_choice_is_not_part_of_the_model():
+    shape = dict(n_layer=3, n_head=4, n_embd=32, block_size=16, vocab_size=128, router='static')
+    keys = {fused: GPT(GPTConfig(**shape, fused=fused)).state_dict().keys() for fused in (None, True, False)}
+    assert keys[None] == keys[True] == keys[False]
+    # Automatic on a machine without CUDA: the plain PyTorch mix, with no Triton in sight.
+    if not torch.cuda.is_available():
+        assert GPT(GPTConfig(**shape)).blocks[1].attn.router.mixer.fused(torch.zeros(1)) is None
+
+
+def test_fused_true_without_triton_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(lime, 'HAVE_TRITON', False)
+    with pytest.raises(ValueError, match='needs triton'):
+        GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=64, router='static', fused=True))
