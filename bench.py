@@ -1,15 +1,17 @@
 """
 bench.py: time full training steps (forward, backward, AdamW) of the baseline and the LIMe routers
-side by side, on random tokens, and print one table.
+side by side, on random tokens, and print one markdown table.
 
-    python bench.py --shape=gpt2                    # on a GPU: torch.compile + bf16
-    python bench.py --shape=paper_1b_gqa --steps=30
-    python bench.py --shape=tiny --device=cpu       # anywhere, in seconds
+    python bench.py --shape=all                     # on a GPU: every GPU shape, one table
+    python bench.py --shape=gpt2 --routers=none,static,static-plain
+    python bench.py                                 # on a CPU: the tiny shape, in seconds
 
-Each router's number is the median of `steps` timed steps after `warmup` untimed ones (which also
-absorb compilation). Ratios to 'none' come from the same run: compare those, not absolute numbers
-across runs. The routing-floor column counts the bytes LIMe's mix must move (see routing_bytes)
-and the time they take at `bandwidth` bytes/s: no implementation of the exact method can beat it.
+Each router's number is the median of `steps` timed steps after `warmup` untimed ones. The first
+step compiles (and tunes the fused kernels): its time beyond a normal step is the compile column.
+Ratios to 'none' come from the same run: compare those, not absolute numbers across runs. A LIMe
+router named with '-plain' (static-plain) runs lime.py's plain PyTorch mix instead of fused.py's
+kernels, to compare the two. The routing-floor column counts the bytes LIMe's mix must move (see
+routing_bytes) and the time they take at `bandwidth` bytes/s: no exact implementation beats it.
 """
 import statistics
 import subprocess
@@ -20,7 +22,7 @@ from datetime import date
 import torch
 
 from configurator import apply_overrides, fail, resolve_device
-from lime import GPT, GPTConfig
+from lime import GPT, ROUTERS, GPTConfig
 
 SHAPES = {  # name: (GPTConfig fields, batch size)
     'gpt2': (dict(n_layer=12, n_head=12, n_embd=768, block_size=1024), 32),
@@ -30,9 +32,11 @@ SHAPES = {  # name: (GPTConfig fields, batch size)
     'deep': (dict(n_layer=64, n_head=8, n_embd=256, mlp_hidden=1024, block_size=1024), 32),
     'tiny': (dict(n_layer=4, n_head=4, n_embd=64, block_size=64, vocab_size=512), 4),  # for CPUs, tests
 }
+GPU_SHAPES = ['gpt2', 'paper_1b', 'paper_1b_gqa', 'deep']  # what --shape=all runs
 # -----------------------------------------------------------------------------
-shape = 'gpt2'  # one of SHAPES
-routers = 'none,static,dynamic'
+shape = 'gpt2'  # one of SHAPES, or 'all' for every GPU shape; on a CPU the default becomes 'tiny'
+routers = 'none,static,dynamic'  # add '-plain' to a LIMe router to time lime.py's plain mix
+fused = None  # the LIMe mix: None = fused.py's kernels on CUDA (see GPTConfig.fused), True / False
 batch_size = 0  # 0 means the shape's own
 steps = 20  # timed steps per router
 warmup = 5  # untimed steps first (compilation happens in the first)
@@ -42,20 +46,28 @@ compile = True  # on a CPU the default becomes False
 peak_flops = 989e12  # bf16 dense peak of one H100 SXM, for MFU
 bandwidth = 3.0e12  # memory bandwidth for the routing floor, bytes/s (measured on an H100: ~3 TB/s)
 # -----------------------------------------------------------------------------
-config = {k: v for k, v in globals().items() if not k.startswith('_') and type(v) in (int, float, bool, str)}
+config = {k: v for k, v in globals().items() if not k.startswith('_') and type(v) in (int, float, bool, str, type(None))}
 given = apply_overrides(config, sys.argv[1:])
 device_type, autocast = resolve_device(config, given)
+if device_type == 'cpu' and 'shape' not in given:
+    config['shape'] = 'tiny'  # the GPU shapes take many GB and minutes per step on a CPU
 globals().update(config)
-if shape not in SHAPES:
-    fail(f"shape must be one of {', '.join(SHAPES)}, got {shape!r}")
+if shape not in SHAPES and shape != 'all':
+    fail(f"shape must be one of {', '.join(SHAPES)} or all, got {shape!r}")
+if shape == 'all' and device_type == 'cpu':
+    fail("--shape=all runs the GPU shapes (GBs of memory, minutes per step on a CPU): use a GPU, "
+         "or one shape, e.g. --shape=tiny")
 router_list = sorted(routers.split(','), key=lambda r: r != 'none')  # the baseline first: ratios need it
-model_args, default_batch = SHAPES[shape]
-B, T = batch_size or default_batch, model_args['block_size']
+for name in router_list:
+    if name.removesuffix('-plain') not in ROUTERS or name == 'none-plain':
+        fail(f"routers: {name!r} is not one of {', '.join(ROUTERS)} (or static-plain, dynamic-plain)")
+if steps <= 0 or warmup <= 0:
+    fail("steps and warmup must be positive (the first warmup step compiles)")
 torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
 
 
-def routing_bytes(model, element_size):
+def routing_bytes(model, B, T, element_size):
     """Bytes LIMe's mix must move in one training step, at best. Layer l mixes S = l + 1 source
     tensors of N = B*T*2*G*hs elements (keys and values). Forward: read S, write 1. Backward, at
     best: read the output's gradient and the S sources (for the router's gradient), and write the
@@ -66,40 +78,46 @@ def routing_bytes(model, element_size):
     return sum((2 * (l + 1) + 3) * N * element_size for l in range(1, cfg.n_layer)) if model.routers() else 0
 
 
-def measure(router):
-    """Median step time (s) and peak memory (bytes, CUDA only) for one router."""
+def sync():
+    if device_type == 'cuda':
+        torch.cuda.synchronize()
+
+
+def measure(model_args, B, name):
+    """Median step time (s), first-step time beyond it (s, compilation) and peak memory (bytes,
+    CUDA only) for one router."""
     torch.manual_seed(0)
     torch._dynamo.reset()  # each router compiles afresh, with nothing cached from the last
+    router = name.removesuffix('-plain')
     try:
-        model = GPT(GPTConfig(router=router, **model_args)).to(device)
+        model = GPT(GPTConfig(router=router, fused=False if name.endswith('-plain') else fused,
+                              **model_args)).to(device)
     except ValueError as e:
         fail(str(e))
     optimizer = model.configure_optimizers(0.1, 1e-3, 1e-2, fused=device_type == 'cuda')
     step_model = torch.compile(model) if compile else model
+    T = model_args['block_size']
     x = torch.randint(0, model.config.vocab_size, (B, T + 1), device=device)
     x, y = x[:, :-1], x[:, 1:]
 
     def step():
+        t0 = time.perf_counter()
         with autocast:
             _, loss = step_model(x, y)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        sync()
+        return time.perf_counter() - t0
 
-    for _ in range(warmup):
+    first = step()
+    for _ in range(warmup - 1):
         step()
     if device_type == 'cuda':
-        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        step()
-        if device_type == 'cuda':
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    peak = torch.cuda.max_memory_allocated() if device_type == 'cuda' else 0
-    return model, statistics.median(times), peak
+    dt = statistics.median(step() for _ in range(steps))
+    peak = torch.cuda.max_memory_allocated() if device_type == 'cuda' else None
+    return model, dt, max(0.0, first - dt), peak
 
 
 def commit():
@@ -110,31 +128,40 @@ def commit():
         return 'unknown'
 
 
+def cell(value, spec):
+    return '-' if value is None else format(value, spec)
+
+
+def ratio(value, base):
+    return None if value is None or base is None or base == 0 else value / base
+
+
 device_name = torch.cuda.get_device_name() if device_type == 'cuda' else 'cpu'
-print(f"bench.py --shape={shape}: B={B} T={T} {model_args} | {device_name} | torch {torch.__version__} | "
-      f"{dtype}{' compiled' if compile else ''} | {date.today()} | commit {commit()}")
-print(f"{'router':<8} {'params':>9} {'ms/step':>9} {'tok/s':>11} {'vs none':>8} {'MFU':>6} "
-      f"{'peak GiB':>9} {'vs none':>8} {'routing ms':>11} {'floor ms':>9}")
-results = {}
-
-
-def cell(value, spec, width):
-    return f"{'-' if value is None else format(value, spec):>{width}}"
-
-
-for router in router_list:
-    model, dt, peak = measure(router)
-    results[router] = (dt, peak)
-    base_dt, base_peak = results.get('none', (None, None))
-    tok_s = B * T / dt
-    floor_ms = routing_bytes(model, 2 if dtype == 'bfloat16' else 4) / bandwidth * 1000
-    has_peak, has_base = device_type == 'cuda', base_dt is not None
-    print(f"{router:<8} {model.num_params() / 1e6:>8.1f}M {dt * 1000:>9.1f} {tok_s:>11,.0f} "
-          f"{cell(base_dt / dt if has_base else None, '.3f', 8)} "
-          f"{model.estimate_mfu(tok_s, peak_flops):>6.1%} "
-          f"{cell(peak / 2**30 if has_peak else None, '.2f', 9)} "
-          f"{cell(peak / base_peak if has_peak and has_base else None, '.3f', 8)} "
-          f"{cell((dt - base_dt) * 1000 if has_base else None, '.1f', 11)} {floor_ms:>9.1f}", flush=True)
-    del model
-    if device_type == 'cuda':
-        torch.cuda.empty_cache()
+shapes = GPU_SHAPES if shape == 'all' else [shape]
+print(f"bench.py --shape={shape} | {date.today()} | commit {commit()} | {device_name} | "
+      f"torch {torch.__version__} | {dtype}{', compiled' if compile else ''} | "
+      f"median of {steps} steps after {warmup}\n")
+print("| shape | router | params | ms/step | tok/s | vs none | MFU | peak GiB | vs none | "
+      "compile s | vs none | routing ms | floor ms |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+for shape_name in shapes:
+    model_args, default_batch = SHAPES[shape_name]
+    B, T = batch_size or default_batch, model_args['block_size']
+    base = None  # the baseline's (ms, compile s, peak) in this shape
+    for name in router_list:
+        print(f"timing {shape_name} / {name} ...", file=sys.stderr, flush=True)
+        model, dt, compile_s, peak = measure(model_args, B, name)
+        compile_s = compile_s if compile else None
+        if name == 'none':
+            base = (dt, compile_s, peak)
+        tok_s = B * T / dt
+        floor_ms = routing_bytes(model, B, T, 2 if dtype == 'bfloat16' else 4) / bandwidth * 1000
+        routing_ms = (dt - base[0]) * 1000 if base else None
+        print(f"| {shape_name} | {name} | {model.num_params() / 1e6:.1f}M | {dt * 1000:.1f} | {tok_s:,.0f} | "
+              f"{cell(ratio(base and base[0], dt), '.3f')} | {model.estimate_mfu(tok_s, peak_flops):.1%} | "
+              f"{cell(peak and peak / 2**30, '.2f')} | {cell(ratio(peak, base and base[2]), '.3f')} | "
+              f"{cell(compile_s, '.1f')} | {cell(ratio(compile_s, base and base[1]), '.2f')} | "
+              f"{cell(routing_ms, '.1f')} | {floor_ms:.1f} |", flush=True)
+        del model
+        if device_type == 'cuda':
+            torch.cuda.empty_cache()

@@ -134,7 +134,10 @@ def launch_info(sources):
 
 def addresses(tensors):
     """Triton takes one pointer per argument, so the S sources travel as a tensor of addresses."""
-    return torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64, device=tensors[0].device)
+    ptrs = torch.tensor([t.data_ptr() for t in tensors], dtype=torch.int64)
+    if tensors[0].is_cuda:  # from pinned memory the copy is asynchronous: the CPU need not wait
+        ptrs = ptrs.pin_memory().to(tensors[0].device, non_blocking=True)
+    return ptrs
 
 
 def n_programs(device, n_tiles):
