@@ -160,10 +160,10 @@ class StaticRouter(nn.Module):
     def forward(self, h, memory):  # memory: S tensors (B, T, 2, G, hs), layers 0..l
         if fused := self.mixer.fused(memory[0]):
             return fused.static_mix(self.mix_weights(), memory)  # the same sum in one kernel
-        G = self.weight.size(0)
-        R = self.mix_weights().view(G, len(memory), G)  # (g, source layer, h)
-        # One small einsum per source layer, summed: no torch.stack/cat copy of the memory.
-        return sum(torch.einsum('btchd,gh->btcgd', kv, R[:, m]) for m, kv in enumerate(memory))
+        # All S*G (layer, head) sources side by side, in R's column order, then one matmul per
+        # (b, t, key-or-value): (G, S*G) @ (S*G, hs). The copy costs memory, but one matmul is ~2x
+        # faster on a CPU than a small einsum per layer at 32 layers.
+        return self.mix_weights() @ torch.cat(memory, dim=3)  # (B, T, 2, S*G, hs) -> (B, T, 2, G, hs)
 
 
 class DynamicRouter(nn.Module):
@@ -235,8 +235,9 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, G, pos + T, hs): all tokens so far
         # A prompt (T > 1) fills an empty cache, so causal masking lines up; a single new token
-        # attends to everything cached.
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=T > 1,
+        # attends to everything cached. (Without a cache it is a plain bool, even when
+        # torch.compile treats T as dynamic after seeing two lengths.)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=cache is None or T > 1,
                                            enable_gqa=self.n_kv_head != self.n_head)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, D)
 

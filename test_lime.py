@@ -260,6 +260,16 @@ def test_compiles_as_one_graph_and_matches_eager(router):
     assert all(p.grad is not None for p in model.parameters())
 
 
+def test_compiled_model_takes_a_second_sequence_length():
+    # After two lengths torch.compile makes T dynamic: nothing may then turn it into a Python bool.
+    torch._dynamo.reset()
+    model = tiny_model(router='static')
+    compiled = torch.compile(model, fullgraph=True, backend='aot_eager')
+    for T in (8, 12):
+        idx = torch.randint(0, 101, (2, T))
+        assert_close(compiled(idx)[0], model(idx)[0], what=f'compiled and eager logits at T={T}')
+
+
 def test_bad_config_raises_a_clear_error():
     with pytest.raises(ValueError, match='router must be one of'):
         GPTConfig(router='statc')
