@@ -20,6 +20,7 @@ Tile sizes: the defaults are the ones measured best on an H100 (perf_notes.md); 
 triton.autotune also tries a few neighbours the first time it sees a shape.
 """
 import os
+from typing import Optional
 
 import torch
 
@@ -79,14 +80,15 @@ def static_mix_fwd_kernel(src_ptrs, R, out, n_rows, S, G: tl.constexpr, HS: tl.c
     tl.store(out + tile, acc.to(out.dtype.element_ty), mask=mask)
 
 
-@autotuned(tile_configs(ROWS=[4, 2, 8]), key=['G', 'HS'], reset_to_zero=['dR_part'])
+@autotuned(tile_configs(ROWS=[4, 2, 8]), key=['G', 'HS'], reset_to_zero=['dR_part'], restore_value=['grads'])
 @triton.jit
-def static_mix_bwd_kernel(src_ptrs, dsrc_ptrs, R, dout, dR_part, n_rows, S, G: tl.constexpr,
+def static_mix_bwd_kernel(src_ptrs, R, dout, grads, grads_stride, dR_part, n_rows, S, G: tl.constexpr,
                           HS: tl.constexpr, GP: tl.constexpr, HSP: tl.constexpr,
                           DTYPE: tl.constexpr, FP32_DOT: tl.constexpr, ROWS: tl.constexpr):
-    # A fixed number of programs, each looping over tiles: R's gradient is summed per program in a
-    # small private slice of dR_part (S, GP, GP) (no atomics, so it is deterministic), and the
-    # slices are added up afterwards. dsrc_ptrs: where each source's gradient goes.
+    # A fixed number of programs, each looping over tiles. Source m's gradient is added into
+    # grads[m] (read, add in fp32, write back). R's gradient is summed per program in a small
+    # private slice of dR_part (S, GP, GP) (no atomics, so it is deterministic), and the slices are
+    # added up afterwards.
     pid, n_programs = tl.program_id(0), tl.num_programs(0)
     col = tl.arange(0, ROWS * HSP)
     d = col % HSP
@@ -110,8 +112,8 @@ def static_mix_bwd_kernel(src_ptrs, dsrc_ptrs, R, dout, dR_part, n_rows, S, G: t
             else:
                 r = r.to(x.dtype)
             dx = tl.dot(tl.trans(r), dy)  # d src_m[h, :] = sum_g R[g, h] dout[g, :]
-            dsrc = tl.load(dsrc_ptrs + m).to(tl.pointer_type(DTYPE))
-            tl.store(dsrc + tile, dx.to(DTYPE), mask=mask)
+            grad = grads + tl.cast(m, tl.int64) * grads_stride + tile
+            tl.store(grad, (tl.load(grad, mask=mask, other=0.0).to(tl.float32) + dx).to(DTYPE), mask=mask)
             dr = tl.dot(dy, tl.trans(x))  # d R[g, h] = sum over the tile of dout[g, :] src_m[h, :]
             tl.store(part + m * GP * GP, tl.load(part + m * GP * GP) + dr)
 
@@ -147,8 +149,9 @@ def n_programs(device, n_tiles):
 
 
 @torch.library.custom_op('lime::static_mix', mutates_args=())
-def static_mix(R: torch.Tensor, sources: list[torch.Tensor]) -> torch.Tensor:
-    """sum_m sum_h R[g, m*G + h] * sources[m][..., h, :], for sources of shape (B, T, 2, G, hs)."""
+def static_mix_op(R: torch.Tensor, sources: list[torch.Tensor], grads: Optional[torch.Tensor]) -> torch.Tensor:
+    """sum_m sum_h R[g, m*G + h] * sources[m][..., h, :], for sources of shape (B, T, 2, G, hs).
+    grads: where the backward adds the sources' gradients (see gradient_buffer); unused here."""
     sources, ptrs, meta = launch_info(sources)
     out = torch.empty_like(sources[0])
     n_rows = out.numel() // (meta['G'] * meta['HS'])
@@ -158,45 +161,30 @@ def static_mix(R: torch.Tensor, sources: list[torch.Tensor]) -> torch.Tensor:
     return out
 
 
-@static_mix.register_fake
-def _(R, sources):
+@static_mix_op.register_fake
+def _(R, sources, grads):
     return torch.empty_like(sources[0])
 
 
-@torch.library.custom_op('lime::static_mix_backward', mutates_args=())
-def static_mix_backward(grad: torch.Tensor, R: torch.Tensor,
-                        sources: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(R's gradient (G, S*G), the sources' gradients stacked (S, B, T, 2, G, hs))."""
+@torch.library.custom_op('lime::static_mix_backward', mutates_args=('grads',))
+def static_mix_backward(grad: torch.Tensor, R: torch.Tensor, sources: list[torch.Tensor],
+                        grads: torch.Tensor) -> torch.Tensor:
+    """Adds each source's gradient into grads[m]; returns R's gradient (G, S*G)."""
     sources, ptrs, meta = launch_info(sources)
     S, G = len(sources), meta['G']
     n_rows = grad.numel() // (G * meta['HS'])
     GP = max(16, triton.next_power_of_2(G))
     programs = n_programs(grad.device, triton.cdiv(n_rows, 2))  # 2: the smallest ROWS tried
-    dsrc = torch.empty((S, *grad.shape), dtype=grad.dtype, device=grad.device)
     dR_part = torch.zeros((programs, S, GP, GP), dtype=torch.float32, device=grad.device)
-    static_mix_bwd_kernel[(programs,)](ptrs, addresses(dsrc.unbind(0)), R.contiguous(), grad.contiguous(),
+    static_mix_bwd_kernel[(programs,)](ptrs, R.contiguous(), grad.contiguous(), grads, grads.stride(0),
                                        dR_part, n_rows, S, GP=GP, **meta)
     dR = dR_part.sum(0)[:, :G, :G]  # (m, g, h) -> R's layout (g, m*G + h)
-    return dR.transpose(0, 1).reshape(G, S * G).to(R.dtype), dsrc
+    return dR.transpose(0, 1).reshape(G, S * G).to(R.dtype)
 
 
 @static_mix_backward.register_fake
-def _(grad, R, sources):
-    return torch.empty_like(R), grad.new_empty((len(sources), *grad.shape))
-
-
-def static_mix_setup(ctx, inputs, output):
-    R, sources = inputs
-    ctx.save_for_backward(R, *sources)
-
-
-def static_mix_grad(ctx, grad):
-    R, *sources = ctx.saved_tensors
-    dR, dsrc = static_mix_backward(grad, R, sources)
-    return dR, list(dsrc.unbind(0))
-
-
-static_mix.register_autograd(static_mix_grad, setup_context=static_mix_setup)
+def _(grad, R, sources, grads):
+    return torch.empty_like(R)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,9 +213,9 @@ def dynamic_mix_fwd_kernel(src_ptrs, probs, out, n_rows, S, G: tl.constexpr, HS:
     tl.store(out + tile, acc.to(out.dtype.element_ty), mask=mask)
 
 
-@autotuned(tile_configs(ROWS=[16, 8, 32]), key=['G', 'HS'])
+@autotuned(tile_configs(ROWS=[16, 8, 32]), key=['G', 'HS'], restore_value=['grads'])
 @triton.jit
-def dynamic_mix_bwd_kernel(src_ptrs, dsrc_ptrs, probs, dout, dprobs, n_rows, S, G: tl.constexpr,
+def dynamic_mix_bwd_kernel(src_ptrs, probs, dout, grads, grads_stride, dprobs, n_rows, S, G: tl.constexpr,
                            HS: tl.constexpr, HSP: tl.constexpr, DTYPE: tl.constexpr,
                            FP32_DOT: tl.constexpr, ROWS: tl.constexpr):
     row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -241,14 +229,15 @@ def dynamic_mix_bwd_kernel(src_ptrs, dsrc_ptrs, probs, dout, dprobs, n_rows, S, 
         x = tl.load(src + tile, mask=mask, other=0.0).to(tl.float32)
         p_at = probs + row.to(tl.int64) * S + m
         p = tl.load(p_at, mask=row < n_rows, other=0.0).to(tl.float32)
-        dsrc = tl.load(dsrc_ptrs + m).to(tl.pointer_type(DTYPE))
-        tl.store(dsrc + tile, (p[:, None] * dy).to(DTYPE), mask=mask)
+        grad = grads + tl.cast(m, tl.int64) * grads_stride + tile
+        tl.store(grad, (tl.load(grad, mask=mask, other=0.0).to(tl.float32) + p[:, None] * dy).to(DTYPE),
+                 mask=mask)
         tl.store(dprobs + row.to(tl.int64) * S + m, tl.sum(dy * x, axis=1).to(dprobs.dtype.element_ty),
                  mask=row < n_rows)
 
 
 @torch.library.custom_op('lime::dynamic_mix', mutates_args=())
-def dynamic_mix(probs: torch.Tensor, sources: list[torch.Tensor]) -> torch.Tensor:
+def dynamic_mix_op(probs: torch.Tensor, sources: list[torch.Tensor], grads: Optional[torch.Tensor]) -> torch.Tensor:
     """sum_m probs[b, t, g, m] * sources[m][b, t, :, g, :], for sources of shape (B, T, 2, G, hs)."""
     sources, ptrs, meta = launch_info(sources)
     out = torch.empty_like(sources[0])
@@ -258,39 +247,80 @@ def dynamic_mix(probs: torch.Tensor, sources: list[torch.Tensor]) -> torch.Tenso
     return out
 
 
-@dynamic_mix.register_fake
-def _(probs, sources):
+@dynamic_mix_op.register_fake
+def _(probs, sources, grads):
     return torch.empty_like(sources[0])
 
 
-@torch.library.custom_op('lime::dynamic_mix_backward', mutates_args=())
-def dynamic_mix_backward(grad: torch.Tensor, probs: torch.Tensor,
-                         sources: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the probabilities' gradient (B, T, G, S), the sources' gradients stacked (S, B, T, 2, G, hs))."""
+@torch.library.custom_op('lime::dynamic_mix_backward', mutates_args=('grads',))
+def dynamic_mix_backward(grad: torch.Tensor, probs: torch.Tensor, sources: list[torch.Tensor],
+                         grads: torch.Tensor) -> torch.Tensor:
+    """Adds each source's gradient into grads[m]; returns the probabilities' gradient (B, T, G, S)."""
     sources, ptrs, meta = launch_info(sources)
     n_rows = grad.numel() // (2 * meta['HS'])
-    dsrc = torch.empty((len(sources), *grad.shape), dtype=grad.dtype, device=grad.device)
     dprobs = torch.empty_like(probs)
     grid = lambda cfg: (triton.cdiv(n_rows, cfg['ROWS']),)  # noqa: E731
-    dynamic_mix_bwd_kernel[grid](ptrs, addresses(dsrc.unbind(0)), probs.contiguous(), grad.contiguous(),
-                                 dprobs, n_rows, len(sources), **meta)
-    return dprobs, dsrc
+    dynamic_mix_bwd_kernel[grid](ptrs, probs.contiguous(), grad.contiguous(), grads, grads.stride(0), dprobs,
+                                 n_rows, len(sources), **meta)
+    return dprobs
 
 
 @dynamic_mix_backward.register_fake
-def _(grad, probs, sources):
-    return torch.empty_like(probs), grad.new_empty((len(sources), *grad.shape))
+def _(grad, probs, sources, grads):
+    return torch.empty_like(probs)
 
 
-def dynamic_mix_setup(ctx, inputs, output):
-    probs, sources = inputs
-    ctx.save_for_backward(probs, *sources)
+# ---------------------------------------------------------------------------------------------
+# Autograd, and the sources' gradients. Source m is read by the mixes of layers m..L-1. Left to
+# autograd, each of them would return a fresh gradient for it and autograd would add them up:
+# about 4 N bytes of traffic per (layer, source) pair, and many such tensors alive at once at depth.
+# Instead every mix's backward adds its share into one buffer for the whole memory, grads
+# (L, B, T, 2, G, hs), and a source gets its gradient from the mix of its own layer only (layer 1's
+# for layer 0, which has no router). That mix runs its backward last among the source's readers
+# (every later layer depends on its output), so by then the sum is complete. This is right for a backward pass through the whole model, the only
+# use here; it is not a per-op gradient (autograd.grad of one layer's mix would miss the earlier
+# sources), so a mix given a plain list, not the model's LayerMemory, keeps a buffer of its own
+# and returns every source's gradient, as any op does.
 
 
-def dynamic_mix_grad(ctx, grad):
-    probs, *sources = ctx.saved_tensors
-    dprobs, dsrc = dynamic_mix_backward(grad, probs, sources)
-    return dprobs, list(dsrc.unbind(0))
+def gradient_buffer(memory):
+    """The model's shared buffer for its memory's gradients (made at the first mix), or None."""
+    if not torch.is_grad_enabled() or not hasattr(memory, 'grad'):
+        return None
+    if memory.grad is None:
+        memory.grad = memory[0].new_zeros((memory.n_layer, *memory[0].shape))
+    return memory.grad
 
 
-dynamic_mix.register_autograd(dynamic_mix_grad, setup_context=dynamic_mix_setup)
+def setup_context(ctx, inputs, output):
+    weights, sources, grads = inputs
+    ctx.save_for_backward(weights, *sources)
+    ctx.shared_grads = grads  # not a saved tensor: the backward passes of other layers write into it
+
+
+def backward_with(backward_op):
+    def backward(ctx, grad):
+        weights, *sources = ctx.saved_tensors
+        S, shared = len(sources), ctx.shared_grads
+        grads = shared if shared is not None else grad.new_zeros((S, *grad.shape))
+        dweights = backward_op(grad, weights, sources, grads)
+        if shared is None:
+            return dweights, list(grads.unbind(0)), None
+        # The own layer's source is the last; layer 0 has no router, so layer 1's mix (S = 2), the
+        # last of source 0's readers to run backward, hands source 0 its gradient too.
+        return dweights, [grads[m] if m == S - 1 or S == 2 else None for m in range(S)], None
+    return backward
+
+
+static_mix_op.register_autograd(backward_with(static_mix_backward), setup_context=setup_context)
+dynamic_mix_op.register_autograd(backward_with(dynamic_mix_backward), setup_context=setup_context)
+
+
+def static_mix(R, memory):
+    """Static LIMe's mix: R (G, S*G), memory S tensors (B, T, 2, G, hs) -> (B, T, 2, G, hs)."""
+    return static_mix_op(R, list(memory), gradient_buffer(memory))
+
+
+def dynamic_mix(probs, memory):
+    """Dynamic LIMe's mix: probs (B, T, G, S), memory S tensors (B, T, 2, G, hs) -> (B, T, 2, G, hs)."""
+    return dynamic_mix_op(probs, list(memory), gradient_buffer(memory))

@@ -163,7 +163,8 @@ class StaticRouter(nn.Module):
         # All S*G (layer, head) sources side by side, in R's column order, then one matmul per
         # (b, t, key-or-value): (G, S*G) @ (S*G, hs). The copy costs memory, but one matmul is ~2x
         # faster on a CPU than a small einsum per layer at 32 layers.
-        return self.mix_weights() @ torch.cat(memory, dim=3)  # (B, T, 2, S*G, hs) -> (B, T, 2, G, hs)
+        kv = torch.cat(list(memory), dim=3)  # (B, T, 2, S*G, hs); list(): torch.compile wants a plain list
+        return self.mix_weights() @ kv  # (B, T, 2, G, hs)
 
 
 class DynamicRouter(nn.Module):
@@ -269,6 +270,17 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+class LayerMemory(list):
+    """LIMe's layer memory for one forward pass: the raw keys/values (B, T, 2, G, hs) of every layer
+    so far, appended in order; a plain list to the routers. fused.py adds their gradients into one
+    buffer kept here (grad), made at the first mix that needs it."""
+
+    def __init__(self, n_layer):
+        super().__init__()
+        self.n_layer = n_layer
+        self.grad = None
+
+
 class KVCache:
     """Keys and values of past tokens for generation, after routing and RoPE, per layer. Routing
     mixes layers at the same position only, so a past token's routed keys/values never change:
@@ -330,7 +342,7 @@ class GPT(nn.Module):
         if start + T > self.config.block_size:
             raise ValueError(f"sequence of {start + T} tokens > block_size {self.config.block_size}")
         x = self.wte(idx)  # (B, T, D)
-        memory = [] if self.config.router != 'none' else None  # LIMe's layer memory (raw K/V)
+        memory = LayerMemory(self.config.n_layer) if self.config.router != 'none' else None
         for block in self.blocks:
             x = block(x, self.rotary, memory, cache)
         if cache is not None:

@@ -89,11 +89,17 @@ def test_fused_mix_in_bfloat16_matches_the_float32_mix_to_bfloat16_rounding(rout
 
 
 @pytest.mark.parametrize('router', ['static', 'dynamic'])
-def test_fused_model_equals_plain_model_and_compiles_to_one_graph(router):
+@pytest.mark.parametrize('compiled', [False, True])
+def test_fused_model_equals_plain_model_eager_and_compiled_to_one_graph(router, compiled):
+    # Through the whole model the sources' gradients go through the shared buffer (gradient_buffer
+    # in fused.py): every layer's keys/values, layer 0's included, must get all of theirs.
     torch.manual_seed(0)
-    shape = dict(n_layer=3, n_head=4, n_kv_head=2, n_embd=32, block_size=16, vocab_size=128, router=router,
+    shape = dict(n_layer=4, n_head=4, n_kv_head=2, n_embd=32, block_size=16, vocab_size=128, router=router,
                  router_top_p=0.9)
     plain = GPT(GPTConfig(**shape, fused=False))
+    with torch.no_grad():  # away from the init, where top-p keeps only the own layer (dynamic)
+        for p in (p for r in plain.routers() for p in r.parameters()):
+            p.add_(torch.randn_like(p))
     fused = GPT(GPTConfig(**shape, fused=True))
     fused.load_state_dict(plain.state_dict())  # one checkpoint format for both paths
     idx = torch.randint(0, 128, (2, 13))
@@ -101,7 +107,9 @@ def test_fused_model_equals_plain_model_and_compiles_to_one_graph(router):
     loss_plain.backward()
     # fullgraph: one graph, each layer's mix a single custom-op node; aot_eager traces forward and
     # backward like inductor does, in seconds on a CPU.
-    _, loss_fused = torch.compile(fused, backend='aot_eager', fullgraph=True)(idx, idx)
+    torch._dynamo.reset()
+    model = torch.compile(fused, backend='aot_eager', fullgraph=True) if compiled else fused
+    _, loss_fused = model(idx, idx)
     loss_fused.backward()
     torch.testing.assert_close(loss_fused, loss_plain, rtol=1e-6, atol=1e-6)
     for (name, p), q in zip(plain.named_parameters(), fused.parameters()):
@@ -109,31 +117,43 @@ def test_fused_model_equals_plain_model_and_compiles_to_one_graph(router):
 
 
 def saved_bytes(model, idx):
-    """Bytes the forward pass keeps for backward: every saved tensor's storage, counted once."""
-    storages = {}
+    """Bytes the forward pass keeps for backward: every saved tensor's storage, counted once; and
+    the bytes of the fused path's buffer for the memory's gradients (made in the forward pass)."""
+    storages, memories = {}, []
 
     def pack(t):
         storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
 
+    hooks = [r.register_forward_hook(lambda r, args, out: memories.append(args[1])) for r in model.routers()]
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(idx, idx)
-    return sum(storages.values())
+    for hook in hooks:
+        hook.remove()
+    buffers = {id(m.grad): m.grad for m in memories if m.grad is not None}.values()
+    return sum(storages.values()), sum(b.untyped_storage().nbytes() for b in buffers)
 
 
 def test_fused_static_model_saves_at_most_8_percent_more_than_the_baseline():
     shape = dict(n_layer=6, n_head=6, n_embd=96, block_size=64, vocab_size=256)
-    idx = torch.randint(0, 256, (2, 64))
-    saved = {}
+    B, T = 2, 64
+    idx = torch.randint(0, 256, (B, T))
+    saved, grad_buffer = {}, {}
     for router, fused in [('none', False), ('static', False), ('static', True), ('dynamic', True)]:
         torch.manual_seed(0)
-        saved[router, fused] = saved_bytes(GPT(GPTConfig(**shape, router=router, fused=fused)), idx)
+        saved[router, fused], grad_buffer[router, fused] = saved_bytes(
+            GPT(GPTConfig(**shape, router=router, fused=fused)), idx)
     base = saved['none', False]
     # The raw sources are kept alive by the memory anyway; the plain static mix also saves its
     # concatenated copy of the memory at every layer, which is what the fused op avoids.
     assert saved['static', False] / base > 1.08  # the plain mix's cost, so the test can fail
     assert saved['static', True] / base <= 1.08
     assert saved['dynamic', True] / base <= 1.08
+    # The sources' gradients: one slot per layer in one buffer (what autograd would allocate at
+    # the start of the backward pass anyway), not one tensor per (layer, source) pair.
+    kv_bytes = B * T * 2 * shape['n_embd'] * 4
+    assert grad_buffer['static', True] == grad_buffer['dynamic', True] == shape['n_layer'] * kv_bytes
+    assert grad_buffer['static', False] == 0
 
 
 def test_fused_choice_is_not_part_of_the_model():
