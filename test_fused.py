@@ -6,6 +6,7 @@ defined), which is slow: every shape here is tiny.
 
     python -m pytest -q test_fused.py
 """
+import json
 import os
 
 os.environ.setdefault('TRITON_INTERPRET', '1')  # before fused.py defines its kernels
@@ -169,3 +170,39 @@ def test_fused_true_without_triton_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(lime, 'HAVE_TRITON', False)
     with pytest.raises(ValueError, match='needs triton'):
         GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=64, router='static', fused=True))
+
+
+def test_train_py_with_fused_kernels_logs_the_same_losses_as_the_plain_mix(tmp_path):
+    # The whole path a user takes: --fused reaches the model through train.py's overrides, and a
+    # run that switches paths on resume is still the same run (fused is not part of the model).
+    import subprocess
+    import sys
+
+    import prepare
+    here = os.path.dirname(os.path.abspath(__file__))
+    data = tmp_path / 'data'
+    prepare.main(['--out_dir', str(data), '--workers', '1'])
+    common = ['--device=cpu', '--n_layer=3', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=2',
+              '--gradient_accumulation_steps=1', '--eval_iters=1', '--log_interval=1', '--warmup_iters=1',
+              '--router=static', '--eval_interval=2', f'--data_dir={data}']
+    losses = {}
+    for name, args in [('plain', ['--fused=False', '--max_iters=3']), ('fused', ['--fused=True', '--max_iters=3']),
+                       ('switched', ['--fused=True', '--max_iters=2'])]:
+        out = tmp_path / name
+        cmd = [sys.executable, os.path.join(here, 'train.py'), *common, *args, f'--out_dir={out}']
+        result = subprocess.run(cmd, capture_output=True, text=True, cwd=here, timeout=300)
+        assert result.returncode == 0, result.stdout + result.stderr
+        if name == 'switched':  # resume the fused run with the plain mix for its last step
+            cmd = [sys.executable, os.path.join(here, 'train.py'), '--init_from=resume', '--device=cpu',
+                   '--max_iters=3', '--fused=False', f'--out_dir={out}']
+            result = subprocess.run(cmd, capture_output=True, text=True, cwd=here, timeout=300)
+            assert result.returncode == 0, result.stdout + result.stderr
+        with open(out / 'log.txt') as f:
+            records = [json.loads(line) for line in f]
+        losses[name] = {(r['step'], 'val' if 'val_loss' in r else 'train'): r.get('val_loss', r.get('train_loss'))
+                        for r in records if 'val_loss' in r or 'train_loss' in r}
+    assert losses['plain'].keys() == losses['fused'].keys() == losses['switched'].keys()
+    assert len(losses['plain']) >= 5
+    for key, value in losses['plain'].items():
+        assert losses['fused'][key] == pytest.approx(value, rel=1e-5), key
+        assert losses['switched'][key] == pytest.approx(value, rel=1e-5), key
