@@ -2,13 +2,14 @@
 fused.py: LIMe's mix of the layer memory as fused Triton kernels, forward and backward.
 
 lime.py's routers define the mix in plain PyTorch; this file computes the same numbers faster on a
-GPU (the tests hold the two paths together). Layer l's mix reads S = l + 1 source tensors of the
-memory. Written as one einsum or product per source (lime.py), each term is its own kernel with
-its own copies saved for backward, and torch.compile's graph grows as n_layer^2. Here each layer's
-mix is one custom op (one node in the compiled graph, so compiling stays fast at any depth) that
-reads every source once, accumulates in fp32, and writes once; its backward reads the output's
-gradient once and writes each source's gradient once. Nothing is saved but the router's weights and
-the sources, which the memory keeps alive anyway.
+GPU (test_fused.py holds the two paths together). Layer l's mix reads S = l + 1 source tensors of
+the memory. In plain PyTorch that is a copy of the memory (torch.cat) or one kernel per source,
+with copies saved for backward, and torch.compile's graph grows as n_layer^2. Here each layer's mix
+is one custom op (one node in the compiled graph, so compiling stays fast at any depth) that reads
+every source once, accumulates in fp32, and writes once. Its backward reads the output's gradient
+once and adds each source's share into one gradient buffer for the whole memory (see
+gradient_buffer). Nothing is saved but the router's weights and the sources, which the memory
+keeps alive anyway.
 
     static_mix(R, memory)       R (G, S*G), memory S tensors (B, T, 2, G, hs) -> (B, T, 2, G, hs)
     dynamic_mix(probs, memory)  probs (B, T, G, S)
