@@ -285,12 +285,19 @@ def _(grad, probs, sources, grads):
 
 
 def gradient_buffer(memory):
-    """The model's shared buffer for its memory's gradients (made at the first mix), or None."""
-    if not torch.is_grad_enabled() or not hasattr(memory, 'grad'):
+    """The model's shared buffer for its memory's gradients (made at the first mix), or None.
+    None too under torch.distributed: there torch.compile splits the model's graph at DDP's
+    gradient buckets, and a buffer that the backward passes of several pieces write into cannot
+    be split (AOTAutograd fails); each mix then keeps its own, and autograd adds them up."""
+    if not torch.is_grad_enabled() or not hasattr(memory, 'grad') or distributed():
         return None
     if memory.grad is None:
         memory.grad = memory[0].new_zeros((memory.n_layer, *memory[0].shape))
     return memory.grad
+
+
+def distributed():
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
 def setup_context(ctx, inputs, output):

@@ -206,3 +206,45 @@ def test_train_py_with_fused_kernels_logs_the_same_losses_as_the_plain_mix(tmp_p
     for key, value in losses['plain'].items():
         assert losses['fused'][key] == pytest.approx(value, rel=1e-5), key
         assert losses['switched'][key] == pytest.approx(value, rel=1e-5), key
+
+
+DDP_SCRIPT = '''
+import sys
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+sys.path.insert(0, sys.argv[1])
+import lime
+dist.init_process_group('gloo')
+rank = dist.get_rank()
+shape = dict(n_layer=4, n_head=4, n_kv_head=2, n_embd=256, block_size=16, vocab_size=128, router='static')
+torch.manual_seed(0)
+plain = lime.GPT(lime.GPTConfig(**shape, fused=False))
+fused = lime.GPT(lime.GPTConfig(**shape, fused=True))
+fused.load_state_dict(plain.state_dict())
+idx = torch.randint(0, 128, (4, 13))
+plain(idx, idx)[1].backward()  # the whole batch in one process, the plain mix
+# 1 MB buckets (~12 here): torch.compile splits the graph at each, as on a multi-GPU run.
+model = torch.compile(DDP(fused, bucket_cap_mb=1), backend='aot_eager')
+half = idx[2 * rank:2 * rank + 2]
+model(half, half)[1].backward()
+error = max((p.grad - q.grad).abs().max().item() for p, q in zip(plain.parameters(), fused.parameters()))
+if rank == 0:
+    print(f'max gradient difference {error:.3g}')
+dist.barrier()
+dist.destroy_process_group()
+'''
+
+
+def test_fused_mix_under_ddp_and_compile_split_at_gradient_buckets(tmp_path):
+    # torchrun + torch.compile: DDP makes torch.compile split the graph at its gradient buckets, so
+    # the gradients cannot go through one buffer shared by the pieces (see gradient_buffer).
+    import subprocess
+    import sys
+    script = tmp_path / 'ddp_fused.py'
+    script.write_text(DDP_SCRIPT)
+    here = os.path.dirname(os.path.abspath(__file__))
+    torchrun = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
+    result = subprocess.run([*torchrun, str(script), here], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, 'OMP_NUM_THREADS': '1', 'TRITON_INTERPRET': '1'})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert float(result.stdout.split('max gradient difference')[1]) < 1e-5, result.stdout
