@@ -20,7 +20,7 @@ import sys
 import numpy as np
 import torch
 
-from configurator import apply_overrides, fail, load_model
+from configurator import apply_overrides, check_values, fail, load_model
 from prepare import read_shard
 
 try:  # optional: without it the tables are all there is
@@ -177,8 +177,8 @@ def validation_batch(data_dir, batch_size, T, seed):
 def main(argv):
     config = dict(DEFAULTS)
     apply_overrides(config, argv)
-    if config['batch_size'] <= 0 or config['alpha'] <= 0:
-        fail("batch_size and alpha must be positive")
+    check_values(config, {'text': ['out_dirs'], 'path': ['data_dir', 'fig_dir'],
+                          'positive': ['batch_size', 'alpha'], 'device': ['device'], 'seed': ['seed']})
     dirs = [d for d in config['out_dirs'].split(',') if d]
     names = [os.path.basename(os.path.normpath(d)) for d in dirs]
     if not dirs or len(set(names)) < len(names):
@@ -211,7 +211,10 @@ def main(argv):
     if plt is None:
         print("\npip install matplotlib to get these as PNG figures")
         return
-    os.makedirs(config['fig_dir'], exist_ok=True)
+    try:
+        os.makedirs(config['fig_dir'], exist_ok=True)
+    except OSError as e:
+        fail(f"cannot write figures to {config['fig_dir']}: {e.strerror}")
     for name, weights in routing.items():
         plot_routing(os.path.join(config['fig_dir'], f'routing_{name}.png'), name, weights)
     if retrieval:

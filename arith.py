@@ -51,7 +51,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from configurator import apply_overrides, fail, load_model
+from configurator import apply_overrides, check_values, fail, load_model
 from prepare import read_shard, write_shard
 
 # -----------------------------------------------------------------------------
@@ -183,7 +183,10 @@ def split_text(name, per_ops, task):
 
 
 def run_prepare(task):
-    os.makedirs(out_dir, exist_ok=True)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        fail(f"cannot write to out_dir {out_dir}: {e.strerror}")
     t0 = time.time()
     for name, per_ops, index in (('val', val_per_ops, 0), ('train', train_per_ops, 1)):
         tokens = encode(split_text(name, per_ops, task))
@@ -203,13 +206,25 @@ def read_task(data_dir):
     path = os.path.join(data_dir, 'task.json')
     if not os.path.isfile(path):
         fail(f"{path} not found: the checkpoint was not trained on `arith.py --mode=prepare` data")
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path) as f:
+            task = json.load(f)
+    except (OSError, ValueError) as e:
+        fail(f"{path}: could not read it ({e})")
+    if not isinstance(task, dict) or not {'seed', 'modulus', 'min_ops', 'max_ops', 'cot'} <= task.keys():
+        fail(f"{path} is not the task.json that `arith.py --mode=prepare` writes")
+    return task
 
 
 def training_expressions(data_dir):
     """Every expression in the training shard, to tell held-out test expressions from seen ones."""
-    lines = decode(read_shard(os.path.join(data_dir, 'arith_train_000001.bin'))).split(END)
+    path = os.path.join(data_dir, 'arith_train_000001.bin')
+    try:
+        lines = decode(read_shard(path)).split(END)
+    except (OSError, ValueError) as e:  # missing, or not a whole shard: read_shard names the problem
+        fail(str(e))
+    except IndexError:  # ids past VOCAB
+        fail(f"{path} holds tokens that are not this task's characters")
     return {line.split('=', 1)[0] for line in lines}
 
 
@@ -264,6 +279,8 @@ def run_eval(given):
     if model.config.vocab_size != len(VOCAB):
         fail(f"the checkpoint's vocab_size is {model.config.vocab_size}, not this task's "
              f"{len(VOCAB)}: train it with config/arith.py")
+    if 'data_dir' not in checkpoint.get('config', {}):
+        fail(f"{ckpt_dir}/ckpt.pt does not say which data it was trained on: was it saved by train.py?")
     data_dir = checkpoint['config']['data_dir']
     task = read_task(data_dir)
     seen = training_expressions(data_dir)
@@ -295,18 +312,17 @@ def run_eval(given):
 
 def main():
     # The settings are the plain lowercase values at the top (UPPERCASE names are fixed constants).
-    config = {k: v for k, v in globals().items() if k.islower() and type(v) in (int, float, bool, str)}
+    config = {k: v for k, v in globals().items()
+              if k.islower() and not k.startswith('_') and type(v) in (int, float, bool, str)}
     given = apply_overrides(config, sys.argv[1:])
+    check_values(config, {('prepare', 'eval'): ['mode'], 'path': ['out_dir', 'ckpt_dir'], 'seed': ['seed'],
+                          'positive': ['modulus', 'min_ops', 'max_ops', 'train_per_ops', 'val_per_ops',
+                                       'eval_per_ops', 'eval_batch'], 'device': ['device']})
     globals().update(config)
-    if mode not in ('prepare', 'eval'):
-        fail(f"mode must be 'prepare' or 'eval', got {mode!r}")
     if not 1 <= min_ops <= max_ops:
         fail(f"need 1 <= min_ops <= max_ops, got {min_ops} and {max_ops}")
     if modulus < 2 or any(modulus % d == 0 for d in range(2, int(modulus ** 0.5) + 1)):
         fail(f"modulus must be a prime (so that every nonzero number has an inverse), got {modulus}")
-    for key in ('train_per_ops', 'val_per_ops', 'eval_per_ops', 'eval_batch'):
-        if config[key] <= 0:
-            fail(f"{key} must be positive, got {config[key]}")
     if mode == 'prepare':
         run_prepare({'seed': seed, 'modulus': modulus, 'min_ops': min_ops, 'max_ops': max_ops, 'cot': cot,
                      'vocab': VOCAB})

@@ -21,7 +21,7 @@ from datetime import date
 
 import torch
 
-from configurator import apply_overrides, fail, resolve_device
+from configurator import apply_overrides, check_values, fail, resolve_device
 from lime import GPT, ROUTERS, GPTConfig
 
 SHAPES = {  # name: (GPTConfig fields, batch size)
@@ -39,7 +39,7 @@ routers = 'none,static,dynamic'  # add '-plain' to a LIMe router to time lime.py
 fused = None  # the LIMe mix: None = fused.py's kernels on CUDA (see GPTConfig.fused), True / False
 batch_size = 0  # 0 means the shape's own
 steps = 20  # timed steps per router
-warmup = 5  # untimed steps first (compilation happens in the first)
+warmup = 5  # untimed steps first (compilation happens in the first; at least 1)
 device = 'cuda' if torch.cuda.is_available() else 'cpu'
 dtype = 'bfloat16'  # on a CPU the default becomes float32
 compile = True  # on a CPU the default becomes False
@@ -48,6 +48,11 @@ bandwidth = 3.0e12  # memory bandwidth for the routing floor, bytes/s (measured 
 # -----------------------------------------------------------------------------
 config = {k: v for k, v in globals().items() if not k.startswith('_') and type(v) in (int, float, bool, str, type(None))}
 given = apply_overrides(config, sys.argv[1:])
+check_values(config, {
+    'text': ['shape', 'routers'],  # checked against SHAPES and ROUTERS below
+    'positive': ['steps', 'warmup', 'peak_flops', 'bandwidth'], 'non-negative': ['batch_size'],
+    'device': ['device'], ('bfloat16', 'float32'): ['dtype'],
+})
 device_type, autocast = resolve_device(config, given)
 if device_type == 'cpu' and 'shape' not in given:
     config['shape'] = 'tiny'  # the GPU shapes take many GB and minutes per step on a CPU
@@ -61,8 +66,6 @@ router_list = sorted(routers.split(','), key=lambda r: r != 'none')  # the basel
 for name in router_list:
     if name.removesuffix('-plain') not in ROUTERS or name == 'none-plain':
         fail(f"routers: {name!r} is not one of {', '.join(ROUTERS)} (or static-plain, dynamic-plain)")
-if steps <= 0 or warmup <= 0:
-    fail("steps and warmup must be positive (the first warmup step compiles)")
 torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
 

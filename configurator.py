@@ -1,18 +1,23 @@
 """
 configurator.py: what the scripts share: command-line overrides (nanoGPT style), one-line errors,
-and reading checkpoints and the models in them.
+the checks every key's value must pass, the device, and reading checkpoints and their models.
 
     python train.py config/cpu_demo.py --router=dynamic --learning_rate=3e-4
+    python train.py --help                       # every key, its default and what it means
 
 Arguments apply left to right: a path is a config file of `key = value` lines (Python literals
 only; it is parsed, never executed), `--key=value` sets one key. Every key must already exist
-in the script's defaults and keep its type (an int may stand for a float); anything else stops
-the script with one line naming the problem and the closest known keys.
+in the script's defaults and keep its type (an int may stand for a float), and then lie in its
+range (check_values); anything else stops the script with one line naming the problem.
 """
 import ast
 import difflib
+import io
+import math
 import os
 import sys
+import time
+import tokenize
 from contextlib import nullcontext
 
 import torch
@@ -21,6 +26,13 @@ from lime import GPT, GPTConfig
 
 
 def fail(message):
+    """Stop the script with one line on stderr, `error: message`, and a non-zero exit status.
+    Under torchrun every process meets the same checks, so only rank 0 reports: one line, not one
+    per process, interleaved. The others first wait a moment, because torchrun stops all processes
+    as soon as one has ended, and rank 0 must get to say why."""
+    if os.environ.get('RANK', '0') not in ('', '0'):
+        time.sleep(2)
+        raise SystemExit(1)
     raise SystemExit(f"error: {message}")
 
 
@@ -30,7 +42,7 @@ def parse_value(text):
         return text.lower() == 'true'
     try:
         return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         return text
 
 
@@ -40,6 +52,11 @@ def set_key(config, key, value, where):
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
         fail(f"{where}: unknown key '{key}'{hint}")
     default = config[key]
+    if default is None:  # an automatic choice (like fused): None keeps it automatic, a bool forces it
+        if value is not None and not isinstance(value, bool):
+            fail(f"{where}: {key} must be None (automatic), True or False, got {value!r}")
+        config[key] = value
+        return
     if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if type(value) is not type(default):
@@ -51,8 +68,16 @@ def read_config_file(path, config):
     """Apply a config file's `key = value` lines; returns the keys it set."""
     if not os.path.isfile(path):
         fail(f"config file not found: {path} (overrides are written --key=value)")
-    with open(path) as f:
-        tree = ast.parse(f.read(), filename=path)
+    try:
+        with open(path, encoding='utf-8') as f:
+            tree = ast.parse(f.read(), filename=path)
+    except UnicodeDecodeError as e:
+        fail(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})")
+    except SyntaxError as e:  # null bytes too
+        where = f"{path}:{e.lineno}" if e.lineno else path
+        fail(f"{where}: not a config file of `key = value` lines ({e.msg})")
+    except (OSError, ValueError, MemoryError, RecursionError) as e:
+        fail(f"{path}: could not read it ({e})")
     keys = set()
     for node in tree.body:
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
@@ -63,15 +88,47 @@ def read_config_file(path, config):
             fail(f"{where}: config files may only hold `key = value` lines")
         try:
             value = ast.literal_eval(node.value)
-        except ValueError:
+        except (ValueError, TypeError, MemoryError, RecursionError):
             fail(f"{where}: the value of {node.targets[0].id} must be a plain literal")
         set_key(config, node.targets[0].id, value, where)
         keys.add(node.targets[0].id)
     return keys
 
 
+def print_help(config):
+    """The running script's docstring, then every key with its default and the comment beside it in
+    the script's defaults block: the block is the documentation, so --help cannot drift from it."""
+    script = sys.modules['__main__']
+    print((script.__doc__ or '').strip() + '\n')
+    comments = {}
+    path = getattr(script, '__file__', None)
+    if path and os.path.isfile(path):
+        with open(path, encoding='utf-8') as f:
+            source = f.read()
+        notes = {token.start[0]: token.string.lstrip('#').strip()
+                 for token in tokenize.generate_tokens(io.StringIO(source).readline)
+                 if token.type == tokenize.COMMENT}
+        for node in ast.parse(source).body:  # the first top-level `key = ...` is the default
+            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+                comments.setdefault(node.targets[0].id, notes.get(node.end_lineno, ''))
+
+    def shown(value):  # 9.89e+14 rather than 989000000000000.0, where that loses nothing
+        short = isinstance(value, float) and len(repr(value)) > 10 and float(format(value, 'g')) == value
+        return format(value, 'g') if short else value
+
+    print("keys, with their defaults (set them by config files of `key = value` lines, then --key=value):")
+    settings = {key: f"--{key}={shown(value)}" for key, value in config.items()}
+    width = max(map(len, settings.values()))
+    for key, setting in settings.items():
+        print(f"  {setting:<{width}}  {comments.get(key, '')}".rstrip())
+
+
 def apply_overrides(config, argv):
-    """Update the dict config in place from argv; returns the set of keys that were given."""
+    """Update the dict config in place from argv; returns the set of keys that were given.
+    -h or --help anywhere prints the keys instead, and exits."""
+    if '-h' in argv or '--help' in argv:
+        print_help(config)
+        raise SystemExit(0)
     given = set()
     for arg in argv:
         if arg.startswith('--'):
@@ -85,12 +142,64 @@ def apply_overrides(config, argv):
     return given
 
 
+# The kinds of value a key may hold, each with its test and how an error message states it. Each script
+# gives every one of its keys a kind (check_values); true/false keys, and automatic ones (None), need none.
+KINDS = {
+    'positive': (lambda v: v > 0, '> 0'),
+    'non-negative': (lambda v: v >= 0, '>= 0'),
+    'fraction': (lambda v: 0 < v <= 1, 'in (0, 1]'),
+    'below one': (lambda v: 0 <= v < 1, 'in [0, 1)'),
+    'seed': (lambda v: 0 <= v < 2**63, 'from 0 to 2**63 - 1'),
+    'path': (lambda v: v.strip() != '', 'a non-empty path'),
+    'text': (lambda v: True, 'text'),
+}
+
+
+def check_values(config, kinds):
+    """Check every key's value against its kind, so that no value outside its range reaches code that
+    would misuse it (a negative grad_clip silently climbs the loss; a zero peak_flops divides by zero
+    an hour in). kinds maps a kind (a name in KINDS, 'device', or a tuple of the allowed values) to its
+    keys. A key of the script missing from kinds is a bug in the script, reported as one."""
+    kind_of = {key: kind for kind, keys in kinds.items() for key in keys}
+    for key, value in config.items():
+        if isinstance(value, bool) or value is None:
+            continue  # its type, checked by set_key, is its whole range
+        if key not in kind_of:
+            raise KeyError(f"{key} has no kind in the script's list for check_values")
+        kind = kind_of[key]
+        if isinstance(value, float) and not math.isfinite(value):
+            fail(f"{key} must be a finite number, got {value}")
+        if isinstance(kind, tuple):
+            if value not in kind:
+                fail(f"{key} must be one of {', '.join(map(repr, kind))}, got {value!r}")
+        elif kind == 'device':
+            check_device(value)
+        elif not KINDS[kind][0](value):
+            fail(f"{key} must be {KINDS[kind][1]}, got {value!r}")
+
+
+def check_device(device):
+    """'cpu', or a CUDA GPU this machine has: one line here rather than torch's traceback at first use
+    (or, loading a checkpoint, a message that blames the file)."""
+    if device == 'cpu':
+        return
+    kind, colon, index = device.partition(':')
+    if kind != 'cuda' or (colon and not index.isdigit()):
+        fail(f"device must be 'cpu', 'cuda' or 'cuda:N' (mps and others are not supported), got {device!r}")
+    if not torch.cuda.is_available():
+        build = 'a CPU-only build' if torch.version.cuda is None else f'built for CUDA {torch.version.cuda}'
+        fail(f"device {device!r}: torch {torch.__version__} ({build}) sees no CUDA GPU here; "
+             "use --device=cpu")
+    if colon and int(index) >= torch.cuda.device_count():
+        fail(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s), numbered from 0")
+
 
 def resolve_device(config, given):
     """(device_type, autocast context) from config's device and dtype. On a CPU, dtype and compile
     default to float32 and False unless given: CPUs have no fast bfloat16 matmuls, and compiling
     there rarely pays off. Updates config in place."""
-    device_type = 'cuda' if 'cuda' in config['device'] else 'cpu'
+    check_device(config['device'])
+    device_type = 'cuda' if config['device'].startswith('cuda') else 'cpu'
     if device_type == 'cpu':
         config['dtype'] = config['dtype'] if 'dtype' in given else 'float32'
         if 'compile' in config and 'compile' not in given:
@@ -100,22 +209,32 @@ def resolve_device(config, given):
     bf16 = config['dtype'] == 'bfloat16'
     return device_type, torch.autocast(device_type, dtype=torch.bfloat16) if bf16 else nullcontext()
 
-def load_checkpoint(path, device):
-    """The dict train.py saved at path, with a one-line error if it is missing or unreadable."""
+
+def load_checkpoint(path, device, keys=('model', 'model_args', 'step', 'best_val_loss')):
+    """The dict train.py saved at path, holding at least keys, with a one-line error if it is missing,
+    unreadable or something else. device must have passed check_device: then a failure is the file's."""
     if not os.path.isfile(path):
         fail(f"no checkpoint at {path} (train.py writes one to its out_dir)")
     try:
-        return torch.load(path, map_location=device)
+        checkpoint = torch.load(path, map_location=device)
     except Exception as e:  # torch's messages run to many lines: keep the last, most specific one
         lines = [line for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
         fail(f"could not read checkpoint {path} (damaged, or not saved by train.py): {lines[-1].strip()}")
+    missing = [key for key in keys if not isinstance(checkpoint, dict) or key not in checkpoint]
+    if missing:
+        fail(f"{path} is not a checkpoint saved by train.py: it lacks {', '.join(missing)}")
+    return checkpoint
 
 
-def load_model(path, device):
-    """The model in the checkpoint at path, in eval mode on device, and the checkpoint itself."""
+def load_model(path, device, fused=None):
+    """The model in the checkpoint at path, in eval mode on device, and the checkpoint itself.
+    fused (see GPTConfig) is how to compute LIMe's mix here, whatever the training run used."""
     checkpoint = load_checkpoint(path, device)
-    model = GPT(GPTConfig(**checkpoint['model_args']))
-    model.load_state_dict(checkpoint['model'])
+    try:
+        model = GPT(GPTConfig(**{**checkpoint['model_args'], 'fused': fused}))
+        model.load_state_dict(checkpoint['model'])
+    except (TypeError, ValueError, RuntimeError) as e:  # saved by another version of lime.py?
+        fail(f"{path}: its model does not load into this lime.py: {str(e).splitlines()[0]}")
     print(f"loaded {path}: step {checkpoint['step']}, router={model.config.router}, "
           f"val loss {checkpoint['best_val_loss']:.4f}", file=sys.stderr)
     return model.eval().to(device), checkpoint

@@ -24,6 +24,7 @@ import itertools
 import json
 import os
 import sys
+import zlib
 from multiprocessing import Pool
 
 import numpy as np
@@ -120,24 +121,29 @@ def record_text(record, where):
 
 def file_documents(path):
     """A .txt file is one document; a .jsonl or .jsonl.gz file holds one JSON record per line."""
-    if path.endswith(".txt"):
-        with open(path, "rb") as f:
-            data = f.read()
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise InputError(f"{path}: not UTF-8 text ({e})")
-        yield text
-        return
-    with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
+    try:
+        if path.endswith(".txt"):
+            with open(path, "rb") as f:
+                data = f.read()
             try:
-                record = json.loads(line)  # given bytes, json also reports bad UTF-8 as a ValueError
-            except ValueError as e:
-                raise InputError(f"{path}:{lineno}: not valid JSON ({e})")
-            yield record_text(record, f"{path}:{lineno}")
+                text = data.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise InputError(f"{path}: not UTF-8 text ({e})")
+            yield text
+            return
+        with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)  # given bytes, json also reports bad UTF-8 as a ValueError
+                except ValueError as e:
+                    raise InputError(f"{path}:{lineno}: not valid JSON ({e})")
+                yield record_text(record, f"{path}:{lineno}")
+    # Unreadable, or, for .gz, cut short (EOFError) or not gzip at all (BadGzipFile, an OSError): this
+    # runs in the pool's feeder thread, so left alone it would surface as a multiprocessing traceback.
+    except (OSError, EOFError, zlib.error) as e:
+        raise InputError(f"{path}: could not read it ({e})")
 
 
 def local_documents(paths):
@@ -170,6 +176,16 @@ def fineweb_documents():
 # tokenize and write
 
 
+def gpt2_encoding():
+    """GPT-2's BPE. tiktoken downloads its two files (1.5 MB) on first use and caches them on disk;
+    offline it needs a copy of that cache, named by TIKTOKEN_CACHE_DIR."""
+    try:
+        return tiktoken.get_encoding("gpt2")
+    except Exception as e:  # requests' connection errors, mostly: many lines each
+        raise InputError(f"could not load the GPT-2 tokenizer ({type(e).__name__}): tiktoken downloads it on "
+                         "first use; offline, set TIKTOKEN_CACHE_DIR to a directory holding its cached files")
+
+
 def tokenize(text):
     """<|endoftext|> then the document's GPT-2 tokens. Runs in the pool's worker processes."""
     enc = tiktoken.get_encoding("gpt2")  # tiktoken caches it: each worker loads the BPE only once
@@ -181,6 +197,7 @@ def prepare(documents, out_dir, prefix, args):
     def shard_path(split, index):
         return os.path.join(out_dir, f"{prefix}_{split}_{index:06d}.bin")
 
+    gpt2_encoding()  # loaded here, once, before the workers start: they find it cached
     val = []  # validation documents, written last as shard 0
     buf, fill = np.empty(args.shard_size, dtype=np.uint16), 0  # the training shard being filled
     n_docs = n_val = n_train = n_train_shards = 0
@@ -267,7 +284,9 @@ def main(argv=None):
             documents = pydoc_documents()
         os.makedirs(out_dir, exist_ok=True)
         prepare(documents, out_dir, prefix, args)
-    except InputError as e:
+    except (InputError, OSError) as e:  # OSError: out_dir not writable, or a file; a full disk
+        for path in glob.glob(os.path.join(out_dir, f"{prefix}_*.bin")):
+            os.remove(path)  # the training shards written so far: no half set is left to mistake for data
         sys.exit(f"prepare.py: error: {e}")
 
 

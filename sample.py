@@ -8,10 +8,10 @@ sample.py: generate text from a checkpoint written by train.py, with the model's
 import os
 import sys
 
-import tiktoken
 import torch
 
-from configurator import apply_overrides, fail, load_model, resolve_device
+from configurator import apply_overrides, check_values, fail, load_model, resolve_device
+from prepare import InputError, gpt2_encoding
 
 # -----------------------------------------------------------------------------
 out_dir = 'out'  # the directory holding ckpt.pt
@@ -23,29 +23,38 @@ top_k = 200  # sample only among the top_k likeliest tokens; 0 means all of them
 seed = 1337
 device = 'cuda' if torch.cuda.is_available() else 'cpu'
 dtype = 'bfloat16'  # 'bfloat16' (autocast) or 'float32'; on a CPU the default becomes float32
+fused = None  # LIMe's mix as fused Triton kernels: None = where they run natively (CUDA), or True / False
 # -----------------------------------------------------------------------------
-config = {k: v for k, v in globals().items() if not k.startswith('_') and type(v) in (int, float, bool, str)}
+config = {k: v for k, v in globals().items() if not k.startswith('_') and type(v) in (int, float, bool, str, type(None))}
 given = apply_overrides(config, sys.argv[1:])
+check_values(config, {'path': ['out_dir'], 'text': ['start'], 'positive': ['num_samples', 'max_new_tokens'],
+                      'non-negative': ['temperature', 'top_k'], 'seed': ['seed'], 'device': ['device'],
+                      ('bfloat16', 'float32'): ['dtype']})
 device_type, autocast = resolve_device(config, given)
 globals().update(config)
-
-if num_samples <= 0 or max_new_tokens <= 0 or temperature < 0 or top_k < 0:
-    fail("num_samples and max_new_tokens must be positive, temperature and top_k not negative")
 torch.manual_seed(seed)
 
 if start.startswith('FILE:'):
     path = start[len('FILE:'):]
     if not os.path.isfile(path):
         fail(f"prompt file not found: {path}")
-    with open(path, encoding='utf-8') as f:
-        start = f.read()
-enc = tiktoken.get_encoding('gpt2')
+    try:
+        with open(path, encoding='utf-8') as f:
+            start = f.read()
+    except UnicodeDecodeError as e:
+        fail(f"prompt file {path}: not UTF-8 text ({e.reason} at byte {e.start})")
+    except OSError as e:
+        fail(f"prompt file {path}: {e.strerror}")
+try:
+    enc = gpt2_encoding()
+except InputError as e:
+    fail(str(e))
 start_ids = enc.encode(start, allowed_special={'<|endoftext|>'})
 if not start_ids:
     fail("the prompt is empty: give some text with --start (the default starts a new document)")
 
 ckpt_path = os.path.join(out_dir, 'ckpt.pt')
-model, checkpoint = load_model(ckpt_path, device)
+model, checkpoint = load_model(ckpt_path, device, fused)
 if model.config.vocab_size != 50257:
     fail(f"{ckpt_path} was trained on a vocabulary of {model.config.vocab_size} tokens, "
          "not GPT-2's 50257: sample.py can't decode it")

@@ -4,6 +4,7 @@ model and the embedded Python-docs data set, on the CPU.
 
     python -m pytest -q
 """
+import glob
 import json
 import os
 import shutil
@@ -41,17 +42,25 @@ def train(data_dir, out_dir, *args, check=True):
     return run('train.py', *TINY, f'--data_dir={data_dir}', f'--out_dir={out_dir}', *args, check=check)
 
 
-def read_log(out_dir):
-    """{step: record} for train and val lines; a resumed run's lines replace the killed run's."""
-    train_loss, val_loss = {}, {}
+def log_records(out_dir):
     with open(os.path.join(out_dir, 'log.txt')) as f:
-        for line in f:
-            record = json.loads(line)
-            if 'train_loss' in record:
-                train_loss[record['step']] = record['train_loss']
-            else:
-                val_loss[record['step']] = record['val_loss']
+        return [json.loads(line) for line in f]
+
+
+def read_log(out_dir):
+    """{step: loss} for the train and the val lines of out_dir/log.txt."""
+    train_loss, val_loss = {}, {}
+    for record in log_records(out_dir):
+        if 'train_loss' in record:
+            train_loss[record['step']] = record['train_loss']
+        else:
+            val_loss[record['step']] = record['val_loss']
     return train_loss, val_loss
+
+
+def logged_steps(out_dir):
+    """The (step, kind) of each log line in order: a step logged twice shows as a repeat."""
+    return [(record['step'], 'train' if 'train_loss' in record else 'val') for record in log_records(out_dir)]
 
 
 def assert_clean_error(result, *fragments):
@@ -99,6 +108,52 @@ def test_killed_run_resumes_exactly_like_an_uninterrupted_one(data_dir, tmp_path
     whole, resumed = read_log(tmp_path / 'whole'), read_log(killed)
     assert resumed[0] == whole[0], "train losses differ after resuming"
     assert resumed[1] == whole[1], "val losses differ after resuming"
+    # The killed run's lines after its checkpoint are gone: the resumed run wrote those steps again.
+    assert logged_steps(killed) == logged_steps(tmp_path / 'whole')
+
+
+def test_resume_takes_the_model_data_and_schedule_from_the_checkpoint(data_dir, tmp_path):
+    out = tmp_path / 'out'
+    train(data_dir, out, '--block_size=16', '--max_iters=2', '--eval_interval=2')
+    # Only what differs is given: block_size 16 and the data_dir come from the checkpoint, not the
+    # defaults (1024 and data/fineweb_edu), and the changed max_iters is said.
+    result = run('train.py', f'--out_dir={out}', '--init_from=resume', '--device=cpu', '--max_iters=4')
+    assert "note: resuming with max_iters=4, changed from the checkpoint's 2" in result.stdout
+    assert '4 batch x 16 block' in result.stdout
+    checkpoint = torch.load(out / 'ckpt.pt')
+    assert checkpoint['step'] == 4 and checkpoint['model_args']['block_size'] == 16
+    assert checkpoint['config']['data_dir'] == str(data_dir)
+    assert logged_steps(out) == [(0, 'val'), (1, 'train'), (2, 'train'), (2, 'val'), (3, 'train'),
+                                 (4, 'train'), (4, 'val')]
+
+
+def test_a_short_last_shard_is_skipped_and_the_run_trains_past_it(data_dir, tmp_path):
+    # Shards of 300, 300 and 50 tokens; a micro-step of 4 x 32 takes 129: two from each long shard,
+    # none from the last, so steps 5 and 6 come from the first shard again.
+    data = tmp_path / 'data'
+    data.mkdir()
+    shutil.copy(next(iter(glob.glob(os.path.join(data_dir, '*_val_*.bin')))), data / 'x_val_000000.bin')
+    tokens = prepare.read_shard(glob.glob(os.path.join(data_dir, '*_train_*.bin'))[0])
+    for i, (start, end) in enumerate([(0, 300), (300, 600), (600, 650)], 1):
+        prepare.write_shard(data / f'x_train_00000{i}.bin', tokens[start:end])
+    out = tmp_path / 'out'
+    result = train(data, out, '--max_iters=4', '--eval_interval=4')
+    assert f"note: skipping {data / 'x_train_000003.bin'}: its 50 tokens" in result.stdout
+    result = train(data, out, '--max_iters=6', '--eval_interval=2', '--init_from=resume')
+    assert read_log(out)[0].keys() == set(range(1, 7))
+    assert torch.load(out / 'ckpt.pt')['data'] == {'shard': 0, 'pos': 256}
+
+
+def test_a_repeated_command_keeps_the_earlier_run_unless_told_to_overwrite(data_dir, tmp_path):
+    out = tmp_path / 'out'
+    train(data_dir, out, '--max_iters=2', '--eval_interval=2')
+    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    assert_clean_error(train(data_dir, out, '--max_iters=2', '--eval_interval=2', check=False),
+                       f'{out} holds a run (ckpt.pt, log.txt)', '--init_from=resume', '--overwrite=True')
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == before
+    train(data_dir, out, '--max_iters=2', '--eval_interval=2', '--overwrite=True', '--seed=7')
+    assert torch.load(out / 'ckpt.pt')['config']['seed'] == 7
+    assert logged_steps(out) == [(0, 'val'), (1, 'train'), (2, 'train'), (2, 'val')]
 
 
 def test_two_process_ddp_matches_one_process_with_the_same_global_batch(data_dir, tmp_path):
@@ -191,9 +246,11 @@ def test_sample_reads_a_prompt_file_and_refuses_a_foreign_vocabulary(data_dir, t
 
 
 def test_bench_prints_one_row_per_router_with_ratios_to_the_baseline():
-    result = run('bench.py', '--shape=tiny', '--device=cpu', '--steps=2', '--warmup=1',
-                 '--routers=static,none,dynamic')
-    rows = [line.split() for line in result.stdout.splitlines()[2:]]
-    assert [row[0] for row in rows] == ['none', 'static', 'dynamic'], result.stdout
-    assert rows[0][4] == '1.000'
-    assert all(float(row[4]) > 0 for row in rows)
+    # No --shape: on a CPU the default is the tiny shape, which runs in seconds.
+    result = run('bench.py', '--device=cpu', '--steps=2', '--warmup=1', '--routers=static,none,dynamic-plain')
+    # A markdown table: | shape | router | params | ms/step | tok/s | vs none | ...
+    rows = [[c.strip() for c in line.split('|')[1:-1]] for line in result.stdout.splitlines()
+            if line.startswith('| tiny ')]
+    assert [row[1] for row in rows] == ['none', 'static', 'dynamic-plain'], result.stdout
+    assert rows[0][5] == '1.000'
+    assert all(float(row[5]) > 0 for row in rows)

@@ -6,8 +6,9 @@ train.py: train a LIMe or baseline GPT on the token shards written by prepare.py
     torchrun --standalone --nproc_per_node=8 train.py config/gpt2.py --router=dynamic
 
 Every key in the defaults block below can be overridden by config files and --key=value
-(see configurator.py). Checkpoints go to out_dir/ckpt.pt; --init_from=resume continues from one
-exactly where it stopped; out_dir/log.txt has one JSON object a line for plotting.
+(see configurator.py; `python train.py --help` lists them). Checkpoints go to out_dir/ckpt.pt;
+--init_from=resume continues the run in one exactly where it stopped, with its settings;
+out_dir/log.txt has one JSON object a line for plotting.
 """
 import ctypes
 import glob
@@ -24,62 +25,74 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from configurator import apply_overrides, fail, load_checkpoint, resolve_device
+from configurator import apply_overrides, check_values, fail, load_checkpoint, resolve_device
 from lime import GPT, GPTConfig
 from prepare import read_shard
+
+try:
+    import fcntl  # POSIX file locks: one run at a time in an out_dir
+except ImportError:  # Windows: no lock, so keep to one run per out_dir by hand
+    fcntl = None
 
 # -----------------------------------------------------------------------------
 # default config values: a GPT-2-small-shaped LIMe model on FineWeb-Edu, on one GPU
 # I/O
-out_dir = 'out'
-data_dir = 'data/fineweb_edu'
+out_dir = 'out'  # where ckpt.pt and log.txt go; one run per out_dir
+data_dir = 'data/fineweb_edu'  # the token shards written by prepare.py
 eval_interval = 250  # steps between evaluations (and checkpoints)
 eval_iters = 20  # batches of the validation shard per evaluation, always the same ones
-log_interval = 10
+log_interval = 10  # steps between log lines
 always_save_checkpoint = True  # save at every evaluation, not only when val loss improves
-init_from = 'scratch'  # 'scratch' or 'resume' (from out_dir/ckpt.pt)
+init_from = 'scratch'  # 'scratch' or 'resume' (from out_dir/ckpt.pt, with the settings saved in it)
+overwrite = False  # a scratch run into an out_dir that holds a run replaces it; without this it is refused
 # model (see GPTConfig in lime.py for what each means)
-n_layer = 12
-n_head = 12
-n_kv_head = 0
-n_embd = 768
-mlp_hidden = 0
-block_size = 1024
+n_layer = 12  # layers
+n_head = 12  # query heads
+n_kv_head = 0  # key/value heads (grouped-query attention when fewer); 0 means n_head
+n_embd = 768  # width of the residual stream
+mlp_hidden = 0  # SwiGLU hidden width; 0 means 4 * n_embd
+block_size = 1024  # tokens per sequence
 router = 'static'  # 'none' (LLaMA baseline), 'static' or 'dynamic' (LIMe)
-router_top_p = 1.0
+router_top_p = 1.0  # prune routing weights to this share of their mass; 1 = off
 vocab_size = 50257  # GPT-2's tokenizer; smaller for data with its own vocabulary
+fused = None  # LIMe's mix as fused Triton kernels: None = where they run natively (CUDA), or True / False
 # data: tokens per optimizer step = batch_size * block_size * gradient_accumulation_steps
 batch_size = 16  # sequences per micro-step on each process
 gradient_accumulation_steps = 32  # micro-steps per optimizer step, over all processes together
 # optimizer (the paper's AdamW settings)
-learning_rate = 1e-3
+learning_rate = 1e-3  # the peak, reached after warmup
 router_lr = 1e-2  # paper: 10x the base learning rate
 weight_decay = 0.1
 beta1 = 0.9
 beta2 = 0.95
 grad_clip = 1.0  # 0 disables clipping
-max_iters = 20000
-warmup_iters = 200
+max_iters = 20000  # optimizer steps in all
+warmup_iters = 200  # steps of linear warmup
 lr_decay_iters = 0  # cosine decay ends here; 0 means max_iters
 min_lr = 1e-6  # router_lr decays by the same factor
 # system
-device = 'cuda' if torch.cuda.is_available() else 'cpu'
+device = 'cuda' if torch.cuda.is_available() else 'cpu'  # 'cpu', 'cuda' or 'cuda:N'
 dtype = 'bfloat16'  # 'bfloat16' (autocast) or 'float32'; on a CPU the default becomes float32
 compile = True  # torch.compile the model; on a CPU the default becomes False
 peak_flops = 989e12  # for MFU: bf16 dense peak of one device (H100 SXM)
-seed = 1337
+seed = 1337  # for the initial weights
 # -----------------------------------------------------------------------------
-config = {k: v for k, v in globals().items() if not k.startswith('_') and type(v) in (int, float, bool, str)}
+config = {k: v for k, v in globals().items() if not k.startswith('_') and type(v) in (int, float, bool, str, type(None))}
 given = apply_overrides(config, sys.argv[1:])
+# What each key may hold (configurator.KINDS), checked for every key before anything runs.
+check_values(config, {
+    'path': ['out_dir', 'data_dir'],
+    'positive': ['eval_interval', 'eval_iters', 'log_interval', 'n_layer', 'n_head', 'n_embd', 'block_size',
+                 'vocab_size', 'batch_size', 'gradient_accumulation_steps', 'learning_rate', 'max_iters',
+                 'peak_flops'],
+    'non-negative': ['n_kv_head', 'mlp_hidden', 'router_lr', 'weight_decay', 'grad_clip', 'warmup_iters',
+                     'lr_decay_iters', 'min_lr'],
+    'fraction': ['router_top_p'], 'below one': ['beta1', 'beta2'], 'seed': ['seed'], 'device': ['device'],
+    ('scratch', 'resume'): ['init_from'], ('none', 'static', 'dynamic'): ['router'],
+    ('bfloat16', 'float32'): ['dtype'],
+})
 device_type, autocast = resolve_device(config, given)
 globals().update(config)
-
-if init_from not in ('scratch', 'resume'):
-    fail(f"init_from must be 'scratch' or 'resume', got {init_from!r}")
-for key in ('batch_size', 'block_size', 'gradient_accumulation_steps', 'max_iters', 'eval_interval',
-            'eval_iters', 'log_interval'):
-    if config[key] <= 0:
-        fail(f"{key} must be positive, got {config[key]}")
 
 # -----------------------------------------------------------------------------
 # setup: one process, or one per GPU under torchrun
@@ -94,12 +107,6 @@ if ddp:
 else:
     rank, world_size = 0, 1
 master = rank == 0  # only it logs and writes checkpoints
-if gradient_accumulation_steps % world_size:
-    fail(f"gradient_accumulation_steps ({gradient_accumulation_steps}) must be a multiple of the "
-         f"number of processes ({world_size})")
-accum_steps = gradient_accumulation_steps // world_size  # micro-steps on this process
-tokens_per_step = batch_size * block_size * gradient_accumulation_steps
-lr_decay_iters = lr_decay_iters or max_iters
 
 
 def log(*args):
@@ -107,6 +114,46 @@ def log(*args):
         print(*args, flush=True)
 
 
+# -----------------------------------------------------------------------------
+# resume: the run that was saved, not one made of today's defaults. The model's shape is the
+# checkpoint's (a contradicting override is a mistake, not a wish); so are the data, schedule and
+# evaluation settings, unless given again (then the log says what changed). What belongs to this
+# machine and this process is today's: where the run lives, the device, dtype, compile and fused.
+
+model_keys = ['n_layer', 'n_head', 'n_kv_head', 'n_embd', 'mlp_hidden', 'block_size', 'router',
+              'router_top_p', 'vocab_size']
+own_keys = {'out_dir', 'init_from', 'overwrite', 'device', 'dtype', 'compile', 'fused', 'peak_flops'}
+ckpt_path = os.path.join(out_dir, 'ckpt.pt')
+checkpoint = None
+if init_from == 'resume':
+    checkpoint = load_checkpoint(ckpt_path, device, keys=('model', 'model_args', 'optimizer', 'step',
+                                                          'best_val_loss', 'config', 'data', 'rng'))
+    saved = checkpoint['config']
+    for key in set(model_keys) & given:
+        if config[key] != saved.get(key, config[key]):
+            fail(f"--{key}={config[key]} contradicts the checkpoint's {saved[key]!r}")
+    for key in sorted(given & saved.keys() - own_keys):
+        if config[key] != saved[key]:
+            log(f"note: resuming with {key}={config[key]!r}, changed from the checkpoint's {saved[key]!r}")
+    config.update({key: saved[key] for key in saved.keys() & config.keys() - own_keys - given})
+    globals().update(config)
+    model_args = checkpoint['model_args']
+else:
+    model_args = {k: config[k] for k in model_keys}
+model_args = {**model_args, 'fused': fused}  # how to compute the mix, not part of the model: ours to choose
+try:
+    gptconf = GPTConfig(**model_args)
+except ValueError as e:
+    fail(str(e))
+
+if min_lr > learning_rate:
+    fail(f"min_lr ({min_lr}) must not exceed learning_rate ({learning_rate}): the decay would raise the rate")
+if gradient_accumulation_steps % world_size:
+    fail(f"gradient_accumulation_steps ({gradient_accumulation_steps}) must be a multiple of the "
+         f"number of processes ({world_size})")
+accum_steps = gradient_accumulation_steps // world_size  # micro-steps on this process
+tokens_per_step = batch_size * block_size * gradient_accumulation_steps
+lr_decay_iters = lr_decay_iters or max_iters
 log(f"tokens per step: {tokens_per_step:,} = {batch_size} batch x {block_size} block x "
     f"{gradient_accumulation_steps} micro-steps ({world_size} process{'es' * (world_size > 1)})")
 if device_type == 'cpu' and sys.platform == 'linux':
@@ -120,6 +167,10 @@ torch.backends.cuda.matmul.allow_tf32 = True  # only float32 work is affected; b
 torch.backends.cudnn.allow_tf32 = True
 
 
+# -----------------------------------------------------------------------------
+# data: every shard the run will read is checked now, before step 0, not when the run reaches it
+
+
 def shard_files(kind):
     files = sorted(glob.glob(os.path.join(data_dir, f'*_{kind}_*.bin')))
     if not files:
@@ -128,91 +179,80 @@ def shard_files(kind):
     return files
 
 
+def open_shard(path):
+    try:
+        return read_shard(path)
+    except ValueError as e:  # a truncated or foreign file: read_shard's message names it
+        fail(str(e))
+
+
+def checked_shard(path):
+    """A shard's tokens, its header, size and token ids checked. An id past the model's vocabulary
+    would crash the embedding lookup far from the cause. This reads the shard whole, once."""
+    tokens = open_shard(path)
+    largest = int(tokens.max()) if len(tokens) else 0
+    if largest >= vocab_size:
+        fail(f"{path} holds token id {largest}, but vocab_size is {vocab_size}")
+    return tokens
+
+
 if not os.path.isdir(data_dir):  # checked before a model is built, which can take a while
     fail(f"data_dir not found: {data_dir} (run `python prepare.py` first)")
 train_files, val_files = shard_files('train'), shard_files('val')
-
-# -----------------------------------------------------------------------------
-# model and optimizer
-
-model_keys = ['n_layer', 'n_head', 'n_kv_head', 'n_embd', 'mlp_hidden', 'block_size', 'router',
-              'router_top_p', 'vocab_size']
-ckpt_path = os.path.join(out_dir, 'ckpt.pt')
-checkpoint = None
-if init_from == 'resume':
-    checkpoint = load_checkpoint(ckpt_path, device)
-    # The model's shape is the checkpoint's; a contradicting override is a mistake, not a wish.
-    for key in set(model_keys) & given:
-        if checkpoint['model_args'][key] != config[key]:
-            fail(f"--{key}={config[key]} contradicts the checkpoint's {checkpoint['model_args'][key]!r}")
-    model_args = checkpoint['model_args']
-else:
-    model_args = {k: config[k] for k in model_keys}
-try:
-    gptconf = GPTConfig(**model_args)
-except ValueError as e:
-    fail(str(e))
-model = GPT(gptconf).to(device)
-optimizer = model.configure_optimizers(weight_decay, learning_rate, router_lr, (beta1, beta2),
-                                       fused=device_type == 'cuda')
-base_lrs = [group['lr'] for group in optimizer.param_groups]  # the schedule scales each of these
-step, best_val_loss, data_state = 0, float('inf'), None
-if checkpoint is not None:
-    model.load_state_dict(checkpoint['model'])
-    optimizer.load_state_dict(checkpoint['optimizer'])
-    step, best_val_loss = checkpoint['step'], checkpoint['best_val_loss']
-    data_state = checkpoint['data']
-    torch.set_rng_state(checkpoint['rng']['cpu'])
-    if device_type == 'cuda' and checkpoint['rng']['cuda'] is not None:
-        torch.cuda.set_rng_state(checkpoint['rng']['cuda'])
-    log(f"resumed from {ckpt_path} at step {step}")
-    checkpoint = None  # free the memory
-log(f"model: {model.num_params() / 1e6:.2f}M parameters, router={gptconf.router}")
-
-# -----------------------------------------------------------------------------
-# data
-
-
-def check_vocabulary(path, tokens):
-    """Token ids past the model's vocabulary would crash the embedding lookup far from the cause."""
-    largest = int(tokens.max()) if len(tokens) else 0
-    if largest >= gptconf.vocab_size:
-        fail(f"{path} holds token id {largest}, but vocab_size is {gptconf.vocab_size}")
+# A micro-step reads span + 1 consecutive tokens of one shard (the 1: the last token's target). A
+# shorter shard, such as the last one prepare.py writes, is skipped; at least one must be long enough.
+span = batch_size * block_size * world_size
+lengths = [len(checked_shard(path)) for path in train_files]
+usable = [i for i, n in enumerate(lengths) if n > span]
+for path, n in zip(train_files, lengths):
+    if n <= span:
+        log(f"note: skipping {path}: its {n:,} tokens are fewer than one micro-step's {span + 1:,} "
+            "(batch_size * block_size * processes + 1)")
+if not usable:
+    fail(f"no training shard in {data_dir}/ holds one micro-step of batch_size * block_size * processes "
+         f"+ 1 = {span + 1:,} tokens (the longest holds {max(lengths):,}): lower batch_size or block_size")
+val_tokens = checked_shard(val_files[0])  # evaluation always uses this shard's start
+val_batches = min(eval_iters, (len(val_tokens) - 1) // (batch_size * block_size))  # over all processes
+if val_batches == 0:
+    fail(f"the validation shard holds {len(val_tokens):,} tokens, fewer than one batch")
+if val_batches < eval_iters:
+    log(f"note: the validation shard fits only {val_batches} of eval_iters={eval_iters} batches")
 
 
 class Batches:
     """(x, y) batches of B sequences of T tokens, read in order through the shards, round and round.
-    Each optimizer step consumes one stretch of B*T*world_size tokens per micro-step, and process r
-    takes slice r of it, so the run sees the same tokens for any number of processes."""
+    Each optimizer step consumes one stretch of span = B*T*world_size tokens per micro-step, and
+    process r takes slice r of it, so the run sees the same tokens for any number of processes.
+    Only the usable shards are read; a data position indexes all of them, so a checkpoint's means the
+    same file whichever are skipped."""
 
-    def __init__(self, files, B, T, state=None):
-        self.files, self.B, self.T = files, B, T
+    def __init__(self, files, usable, B, T, state=None):
+        self.files, self.usable, self.B, self.T = files, usable, B, T
         self.span = B * T * world_size
-        self.restore(state or {'shard': 0, 'pos': 0})
+        self.restore(state or {'shard': usable[0], 'pos': 0})
 
     def load(self, shard):
-        try:
-            self.shard, self.tokens = shard, read_shard(self.files[shard])
-        except ValueError as e:  # a truncated or foreign file: read_shard's message names it
-            fail(str(e))
-        check_vocabulary(self.files[shard], self.tokens)
-        if len(self.tokens) < self.span + 1:
-            fail(f"{self.files[shard]} holds {len(self.tokens):,} tokens, fewer than one step of "
-                 f"batch_size * block_size * processes + 1 = {self.span + 1:,}")
+        self.shard, self.tokens = shard, open_shard(self.files[shard])
+
+    def following(self, shard):
+        return next((i for i in self.usable if i > shard), self.usable[0])
 
     def state(self):
         return {'shard': self.shard, 'pos': self.pos}
 
     def restore(self, state):
-        if state['shard'] >= len(self.files):
-            fail(f"the checkpoint stopped in training shard {state['shard'] + 1}, but {data_dir}/ "
+        shard, pos = state['shard'], state['pos']
+        if shard >= len(self.files):
+            fail(f"the checkpoint stopped in training shard {shard + 1}, but {data_dir}/ "
                  f"holds only {len(self.files)}: is this the data it was trained on?")
-        self.load(state['shard'])
-        self.pos = state['pos']
+        if shard not in self.usable:  # too short for this run's micro-steps: on to the next
+            shard, pos = self.following(shard), 0
+        self.load(shard)
+        self.pos = pos
 
     def next(self):
         if self.pos + self.span + 1 > len(self.tokens):  # not enough left: on to the next shard
-            self.load((self.shard + 1) % len(self.files))
+            self.load(self.following(self.shard))
             self.pos = 0
         start = self.pos + rank * self.B * self.T
         buf = torch.from_numpy(self.tokens[start:start + self.B * self.T + 1].astype(np.int64))
@@ -223,17 +263,73 @@ class Batches:
         return x.to(device), y.to(device)
 
 
-train_batches = Batches(train_files, batch_size, block_size, data_state)
-try:
-    val_tokens = read_shard(val_files[0])  # evaluation always uses this shard's start
-except ValueError as e:
-    fail(str(e))
-check_vocabulary(val_files[0], val_tokens)
-val_batches = min(eval_iters, (len(val_tokens) - 1) // (batch_size * block_size))  # over all processes
-if val_batches == 0:
-    fail(f"the validation shard holds {len(val_tokens):,} tokens, fewer than one batch")
-if val_batches < eval_iters:
-    log(f"note: the validation shard fits only {val_batches} of eval_iters={eval_iters} batches")
+# -----------------------------------------------------------------------------
+# out_dir: one run at a time, and no run lost to a repeated command
+
+
+def claim_out_dir():
+    """out_dir/log.txt, open and locked for as long as this process lives: a second run into the same
+    out_dir is refused rather than mixing its checkpoints with ours. Under the lock, a scratch run
+    refuses an out_dir that holds a run unless told to overwrite it, and a resumed run drops the
+    records that the killed run wrote after its checkpoint, which it is about to write again."""
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        log_file = open(os.path.join(out_dir, 'log.txt'), 'a+')
+    except OSError as e:
+        fail(f"cannot write to out_dir {out_dir}: {e.strerror}")
+    try:
+        if fcntl is not None:
+            fcntl.flock(log_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fail(f"another run is training into {out_dir}: wait for it to end, or choose another --out_dir")
+    log_file.seek(0)
+    records = log_file.readlines()
+    if init_from == 'scratch':
+        held = [name for name, there in (('ckpt.pt', os.path.exists(ckpt_path)), ('log.txt', records))
+                if there]
+        if held and not overwrite:
+            fail(f"{out_dir} holds a run ({', '.join(held)}): continue it with --init_from=resume, train "
+                 "into another --out_dir, or replace it with --overwrite=True")
+        if held:
+            log(f"note: --overwrite=True: replacing the run in {out_dir}")
+            if os.path.exists(ckpt_path):
+                os.remove(ckpt_path)
+        records = []
+    else:  # a record cut short by the kill is dropped too
+        records = [r for r in records if r.endswith('\n') and json.loads(r)['step'] <= step]
+    log_file.seek(0)
+    log_file.truncate()
+    log_file.writelines(records)
+    log_file.flush()
+    return log_file
+
+
+step = checkpoint['step'] if checkpoint is not None else 0
+log_file = claim_out_dir() if master else None
+
+# -----------------------------------------------------------------------------
+# model and optimizer
+
+model = GPT(gptconf).to(device)
+optimizer = model.configure_optimizers(weight_decay, learning_rate, router_lr, (beta1, beta2),
+                                       fused=device_type == 'cuda')
+base_lrs = [group['lr'] for group in optimizer.param_groups]  # the schedule scales each of these
+best_val_loss, data_state, saved_step = float('inf'), None, None
+if checkpoint is not None:
+    model.load_state_dict(checkpoint['model'])
+    optimizer.load_state_dict(checkpoint['optimizer'])
+    best_val_loss, saved_step = checkpoint['best_val_loss'], step
+    if os.path.realpath(data_dir) == os.path.realpath(checkpoint['config']['data_dir']):
+        data_state = checkpoint['data']
+    else:  # its data position means nothing in other data
+        log(f"note: {data_dir} is read from its start")
+    torch.set_rng_state(checkpoint['rng']['cpu'])
+    if device_type == 'cuda' and checkpoint['rng']['cuda'] is not None:
+        torch.cuda.set_rng_state(checkpoint['rng']['cuda'])
+    log(f"resumed from {ckpt_path} at step {step}")
+    checkpoint = None  # free the memory
+log(f"model: {model.num_params() / 1e6:.2f}M parameters, router={gptconf.router}")
+train_batches = Batches(train_files, usable, batch_size, block_size, data_state)
 
 # -----------------------------------------------------------------------------
 # compile, wrap, and helpers for the loop
@@ -289,23 +385,34 @@ def save_checkpoint():
         'rng': {'cpu': torch.get_rng_state(),
                 'cuda': torch.cuda.get_rng_state() if device_type == 'cuda' else None},
     }
-    tmp = ckpt_path + '.tmp'
-    with open(tmp, 'wb') as f:
-        torch.save(checkpoint, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, ckpt_path)
+    tmp = f"{ckpt_path}.{os.getpid()}.tmp"  # this process's own name: no other can write to it
+    try:
+        with open(tmp, 'wb') as f:
+            torch.save(checkpoint, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, ckpt_path)
+    except OSError as e:  # a full disk, say: the previous checkpoint is still whole
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        fail(f"could not write {ckpt_path}: {e.strerror or e}")
 
 
 def write_log(**record):
-    with open(os.path.join(out_dir, 'log.txt'), 'a') as f:
-        f.write(json.dumps(record) + '\n')
+    log_file.write(json.dumps(record) + '\n')
+    log_file.flush()
 
 
 def stop_if_not_finite(loss, what):
     if not math.isfinite(loss):
-        fail(f"{what} is {loss} at step {step}: stopping. The last good checkpoint ({ckpt_path}) is "
-             "kept; try a lower learning_rate, or resume from it with --init_from=resume")
+        if saved_step is None:
+            kept = (f"No checkpoint was saved before it (the first comes at step "
+                    f"{min(eval_interval, max_iters)}): start again with a lower learning_rate and "
+                    "--overwrite=True")
+        else:
+            kept = (f"The last good checkpoint ({ckpt_path}, step {saved_step}) is kept: resume from it "
+                    "with --init_from=resume and a lower learning_rate")
+        fail(f"{what} is {loss} at step {step}: stopping. {kept}")
 
 
 def duration(seconds):
@@ -316,12 +423,6 @@ def duration(seconds):
 # -----------------------------------------------------------------------------
 # training loop
 
-if master:
-    os.makedirs(out_dir, exist_ok=True)
-    if init_from == 'scratch':
-        if os.path.exists(ckpt_path):
-            log(f"note: training from scratch; {ckpt_path} will be overwritten")
-        open(os.path.join(out_dir, 'log.txt'), 'w').close()
 start_step = step
 if step >= max_iters:
     log(f"the checkpoint is at step {step}, max_iters is {max_iters}: nothing to train (raise --max_iters)")
@@ -337,6 +438,7 @@ while True:
             if step > start_step and (val_loss < best_val_loss or always_save_checkpoint):
                 best_val_loss = min(best_val_loss, val_loss)
                 save_checkpoint()
+                saved_step = step
                 log(f"saved checkpoint to {ckpt_path}")
         window_start, window_steps = time.time(), 0  # keep evaluation out of the timings
     if last_step:
@@ -379,4 +481,7 @@ while True:
         window_start, window_steps = time.time(), 0
 
 if ddp:
+    # Rank 0 may still be writing the checkpoint. A rank that tears down its gloo group while
+    # another still uses it can abort at exit (SIGABRT), failing a finished run: wait for all.
+    dist.barrier()
     dist.destroy_process_group()

@@ -1,0 +1,207 @@
+"""
+Bad input, across every script: each case must stop with a non-zero exit and one `error:` line that
+names the problem, no traceback, and leave every file of an earlier run as it was. Most cases stop
+before any training, in about two seconds; those that need a trained run share one.
+
+    python -m pytest -q test_errors.py
+"""
+import gzip
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import prepare
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TINY = ['--device=cpu', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4',
+        '--gradient_accumulation_steps=1', '--eval_iters=2', '--log_interval=1', '--warmup_iters=2',
+        '--learning_rate=3e-3', '--router_lr=3e-2', '--min_lr=3e-4']
+no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason='this machine has a CUDA GPU')
+
+
+def run(script, *args, cwd=HERE, torchrun=False):
+    launcher = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2'] \
+        if torchrun else [sys.executable]
+    return subprocess.run([*launcher, os.path.join(HERE, script), *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=300, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+
+
+def error_line(result):
+    """The one `error:` line a failed script printed last on stderr (`prepare.py: error:` there,
+    argparse style). Lines before it may be progress bars or notes, not a traceback or another error."""
+    assert result.returncode != 0, f"expected a failure:\n{result.stdout}\n{result.stderr}"
+    assert 'Traceback' not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    errors = [line for line in lines if re.match(r'(prepare\.py: )?error: ', line)]
+    assert len(errors) == 1 and lines[-1] == errors[0], result.stderr
+    return errors[0]
+
+
+@pytest.fixture(scope='module')
+def root(tmp_path_factory):
+    """Data, a trained run, and the bad files the cases feed the scripts."""
+    root = tmp_path_factory.mktemp('errors')
+    prepare.main(['--out_dir', str(root / 'data'), '--workers', '2'])
+    result = run('train.py', *TINY, f'--data_dir={root / "data"}', f'--out_dir={root / "run"}',
+                 '--max_iters=2', '--eval_interval=2')
+    assert result.returncode == 0, result.stdout + result.stderr
+    files = root / 'files'
+    files.mkdir()
+    (files / 'syntax.py').write_text('n_layer = 4\nn_head = (\n')
+    (files / 'latin1.py').write_bytes('n_layer = 4  # café\n'.encode('latin-1'))
+    (files / 'latin1.txt').write_bytes('Café'.encode('latin-1'))
+    (files / 'a_file').write_text('not a directory')
+    with gzip.open(files / 'docs.jsonl.gz', 'wt') as f:
+        f.writelines(json.dumps({'text': f'document {i} ' * 50}) + '\n' for i in range(200))
+    (files / 'truncated.jsonl.gz').write_bytes((files / 'docs.jsonl.gz').read_bytes()[:200])
+    (files / 'plain.jsonl.gz').write_text('{"text": "gzip in name only"}\n')
+    (files / 'foreign').mkdir()
+    torch.save({'weights': torch.zeros(2)}, files / 'foreign' / 'ckpt.pt')
+    # Data whose training shards are all shorter than one micro-step of TINY (4 x 32 + 1 tokens).
+    val = prepare.read_shard(root / 'data' / 'pydoc_val_000000.bin')
+    (files / 'short').mkdir()
+    prepare.write_shard(files / 'short' / 'x_val_000000.bin', val)
+    for i in (1, 2):
+        prepare.write_shard(files / 'short' / f'x_train_00000{i}.bin', val[:100])
+    return root
+
+
+def snapshot(root):
+    """Every file of the earlier run, the data and the bad inputs, by content."""
+    return {str(path): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(root.rglob('*')) if path.is_file()}
+
+
+def case(name, script, args, message, needs_no_gpu=False):
+    """script run with args (split at spaces; {tiny} stands for TINY, and {data}, {run}, {files} and
+    {scratch} for their directories) must fail with message in its error line."""
+    return pytest.param(script, args.split(), message, id=name, marks=[no_gpu] if needs_no_gpu else [])
+
+
+CASES = [
+    # devices this machine lacks, checked in configurator (resolve_device, which bench.py calls too)
+    case('train-cuda', 'train.py', '--device=cuda', 'sees no CUDA GPU', needs_no_gpu=True),
+    case('train-gpu', 'train.py', '--device=gpu', "got 'gpu'"),
+    case('train-mps', 'train.py', '--device=mps', "got 'mps'"),
+    case('sample-cuda-is-not-a-damaged-checkpoint', 'sample.py', '--out_dir={run} --device=cuda',
+         'sees no CUDA GPU', needs_no_gpu=True),
+    case('bench-cuda', 'bench.py', '--device=cuda', 'sees no CUDA GPU', needs_no_gpu=True),
+    case('bench-mps', 'bench.py', '--device=mps', "got 'mps'"),
+    case('bench-batch', 'bench.py', '--batch_size=-1', 'batch_size must be >= 0'),
+    case('bench-shape', 'bench.py', '--shape=gpt3', "shape must be one of"),
+    case('bench-all-on-cpu', 'bench.py', '--shape=all', '--shape=all runs the GPU shapes', needs_no_gpu=True),
+    case('bench-router', 'bench.py', '--routers=none,statc', "'statc' is not one of"),
+    case('analyze-cuda', 'analyze.py', '--out_dirs={run} --device=cuda', 'sees no CUDA GPU',
+         needs_no_gpu=True),
+    case('arith-cuda', 'arith.py', '--mode=eval --ckpt_dir={run} --device=cuda:7', "'cuda:7'"),
+    # every numeric key has its range
+    case('negative-grad-clip', 'train.py', '--grad_clip=-1', 'grad_clip must be >= 0'),
+    case('negative-lr', 'train.py', '--learning_rate=-1e-3', 'learning_rate must be > 0'),
+    case('zero-peak-flops', 'train.py', '--peak_flops=0', 'peak_flops must be > 0'),
+    case('empty-out-dir', 'train.py', '--out_dir=', 'out_dir must be a non-empty path'),
+    case('infinite-lr', 'train.py', '--learning_rate=1e999', 'learning_rate must be a finite number'),
+    case('beta2-one', 'train.py', '--beta2=1.0', 'beta2 must be in [0, 1)'),
+    case('negative-decay', 'train.py', '--weight_decay=-0.1', 'weight_decay must be >= 0'),
+    case('zero-top-p', 'train.py', '--router_top_p=0', 'router_top_p must be in (0, 1]'),
+    case('negative-kv-heads', 'train.py', '--n_kv_head=-2', 'n_kv_head must be >= 0'),
+    case('negative-warmup', 'train.py', '--warmup_iters=-5', 'warmup_iters must be >= 0'),
+    case('negative-seed', 'train.py', '--seed=-1', 'seed must be from 0'),
+    case('min-lr-above-lr', 'train.py', '--min_lr=0.1', 'min_lr (0.1) must not exceed learning_rate'),
+    case('init-from', 'train.py', '--init_from=resum', "init_from must be one of 'scratch', 'resume'"),
+    case('fused-int', 'train.py', '--fused=1', 'fused must be None (automatic), True or False'),
+    case('sample-negative-temperature', 'sample.py', '--temperature=-1', 'temperature must be >= 0'),
+    case('sample-negative-top-k', 'sample.py', '--top_k=-5', 'top_k must be >= 0'),
+    case('analyze-negative-alpha', 'analyze.py', '--alpha=-1', 'alpha must be > 0'),
+    case('arith-modulus', 'arith.py', '--modulus=12', 'modulus must be a prime'),
+    case('arith-dunder-is-no-key', 'arith.py', '--__name__=x', "unknown key '__name__'"),
+    # config files that are not config files
+    case('config-syntax', 'train.py', '{files}/syntax.py', 'syntax.py:2: not a config file'),
+    case('config-not-utf8', 'train.py', '{files}/latin1.py', 'latin1.py: not UTF-8'),
+    case('bench-config-syntax', 'bench.py', '{files}/syntax.py', 'syntax.py:2: not a config file'),
+    case('sample-config-not-utf8', 'sample.py', '{files}/latin1.py', 'latin1.py: not UTF-8'),
+    # input files
+    case('prepare-truncated-gzip', 'prepare.py', '--input {files}/truncated.jsonl.gz --out_dir {scratch}/p',
+         'truncated.jsonl.gz: could not read it (Compressed file ended'),
+    case('prepare-not-gzip', 'prepare.py', '--input {files}/plain.jsonl.gz --out_dir {scratch}/p',
+         'plain.jsonl.gz: could not read it (Not a gzipped file'),
+    case('prepare-out-dir-is-a-file', 'prepare.py', '--out_dir {files}/a_file', 'File exists'),
+    case('sample-prompt-not-utf8', 'sample.py', '--out_dir={run} --start=FILE:{files}/latin1.txt',
+         'latin1.txt: not UTF-8'),
+    case('arith-out-dir-under-a-file', 'arith.py', '--out_dir={files}/a_file/arith',
+         'cannot write to out_dir'),
+    # data and checkpoints
+    case('no-shard-holds-one-step', 'train.py', '{tiny} --data_dir={files}/short --out_dir={scratch}/o',
+         'no training shard in'),
+    case('out-dir-is-a-file', 'train.py', '{tiny} --data_dir={data} --out_dir={files}/a_file',
+         'cannot write to out_dir'),
+    case('resume-foreign-checkpoint', 'train.py', '--out_dir={files}/foreign --init_from=resume --device=cpu',
+         'is not a checkpoint saved by train.py'),
+    case('sample-foreign-checkpoint', 'sample.py', '--out_dir={files}/foreign',
+         'is not a checkpoint saved by train.py'),
+    case('analyze-foreign-checkpoint', 'analyze.py', '--out_dirs={files}/foreign --data_dir={data}',
+         'is not a checkpoint saved by train.py'),
+    case('arith-eval-of-a-text-model', 'arith.py', '--mode=eval --ckpt_dir={run} --device=cpu',
+         "not this task's 18"),
+    # an earlier run: never lost to a repeated command, and resumed as it was saved
+    case('repeated-command-keeps-the-run', 'train.py',
+         '{tiny} --data_dir={data} --out_dir={run} --max_iters=2 --eval_interval=2', '--init_from=resume'),
+    case('resume-contradicts-the-model', 'train.py',
+         '--out_dir={run} --init_from=resume --device=cpu --block_size=64',
+         "--block_size=64 contradicts the checkpoint's 32"),
+    case('nan-before-any-checkpoint', 'train.py', '{tiny} --data_dir={data} --out_dir={scratch}/nan '
+         '--learning_rate=1e30 --router_lr=1e30 --min_lr=0 --grad_clip=0 --max_iters=50',
+         'No checkpoint was saved before it'),
+]
+
+
+@pytest.mark.parametrize('script, args, message', CASES)
+def test_bad_input_stops_with_one_error_line_and_changes_no_earlier_file(root, tmp_path, script, args,
+                                                                         message):
+    places = {'data': root / 'data', 'run': root / 'run', 'files': root / 'files', 'scratch': tmp_path}
+    args = [part for arg in args for part in (TINY if arg == '{tiny}' else [arg.format(**places)])]
+    before = snapshot(root)
+    result = run(script, *args, cwd=tmp_path)
+    assert message in error_line(result)
+    assert snapshot(root) == before
+
+
+def test_torchrun_reports_a_bad_input_once(tmp_path):
+    result = run('train.py', '--device=cpu', f'--data_dir={tmp_path / "nowhere"}', cwd=tmp_path,
+                 torchrun=True)
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith('error:')]
+    assert errors == [f"error: data_dir not found: {tmp_path / 'nowhere'} (run `python prepare.py` first)"]
+
+
+def test_a_second_run_into_a_busy_out_dir_is_refused(root, tmp_path):
+    out = tmp_path / 'out'
+    cmd = [sys.executable, os.path.join(HERE, 'train.py'), *TINY, f'--data_dir={root / "data"}',
+           f'--out_dir={out}', '--max_iters=100000']
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                          cwd=tmp_path) as first:
+        try:
+            for line in first.stdout:
+                if line.startswith('model:'):  # out_dir is claimed before the model is built
+                    break
+            second = run('train.py', *TINY, f'--data_dir={root / "data"}', f'--out_dir={out}',
+                         '--overwrite=True', cwd=tmp_path)
+            assert 'another run is training into' in error_line(second)
+            assert first.poll() is None, "the first run must go on"
+        finally:
+            first.send_signal(signal.SIGKILL)
+
+
+@pytest.mark.parametrize('script', ['train.py', 'sample.py', 'bench.py', 'analyze.py', 'arith.py'])
+def test_help_lists_every_key_with_its_default_and_comment(script):
+    result = run(script, '--help')
+    assert result.returncode == 0 and not result.stderr, result.stderr
+    assert re.search(r'^  --device=\w+', result.stdout, re.M), result.stdout
+    if script == 'train.py':
+        assert re.search(r'^  --grad_clip=1\.0 +0 disables clipping$', result.stdout, re.M), result.stdout
