@@ -115,16 +115,17 @@ class Mixer:
 
     def __init__(self, config):
         self.always = config.fused is True
-        wanted = self.always or (config.fused is None and torch.cuda.is_available() and HAVE_TRITON)
-        if wanted and not HAVE_TRITON:
+        self.wanted = self.always or (config.fused is None and torch.cuda.is_available() and HAVE_TRITON)
+        if self.wanted and not HAVE_TRITON:
             raise ValueError("fused=True needs triton (pip install triton), or use fused=None / False")
-        self.ops = None
-        if wanted:
-            import fused  # only here: it loads triton (and on a machine without CUDA, its interpreter)
-            self.ops = fused
+        if self.wanted:
+            import fused  # noqa: F401  only here: it loads triton (and without CUDA, its interpreter)
 
     def fused(self, x):  # the fused ops for a mix of tensors like x, or None for the plain mix
-        return self.ops if self.ops is not None and (x.is_cuda or self.always) else None
+        if self.wanted and (x.is_cuda or self.always):
+            import fused  # already loaded by __init__: this only names it
+            return fused
+        return None
 
 
 class StaticRouter(nn.Module):
@@ -159,7 +160,7 @@ class StaticRouter(nn.Module):
 
     def forward(self, h, memory):  # memory: S tensors (B, T, 2, G, hs), layers 0..l
         if fused := self.mixer.fused(memory[0]):
-            return fused.static_mix(self.mix_weights(), memory)  # the same sum in one kernel
+            return fused.static_mix(self.mix_weights(), memory)  # the same mix, in Triton kernels
         # All S*G (layer, head) sources side by side, in R's column order, then one matmul per
         # (b, t, key-or-value): (G, S*G) @ (S*G, hs). The copy costs memory, but one matmul is ~2x
         # faster on a CPU than a small einsum per layer at 32 layers.
@@ -200,7 +201,7 @@ class DynamicRouter(nn.Module):
 
     def forward(self, h, memory):  # memory: S tensors (B, T, 2, G, hs), layers 0..l
         if fused := self.mixer.fused(memory[0]):
-            return fused.dynamic_mix(self.mix_weights(h), memory)  # the same sum in one kernel
+            return fused.dynamic_mix(self.mix_weights(h), memory)  # the same mix, in Triton kernels
         probs = self.mix_weights(h).type_as(memory[0])  # (B, T, G, S)
         # A weighted sum of the S tensors, pointwise, which torch.compile can fuse into one kernel.
         return sum(kv * probs[:, :, None, :, m, None] for m, kv in enumerate(memory))

@@ -6,6 +6,7 @@ defined), which is slow: every shape here is tiny.
 
     python -m pytest -q test_fused.py
 """
+import copy
 import json
 import os
 
@@ -161,6 +162,7 @@ def test_fused_choice_is_not_part_of_the_model():
     shape = dict(n_layer=3, n_head=4, n_embd=32, block_size=16, vocab_size=128, router='static')
     keys = {fused: GPT(GPTConfig(**shape, fused=fused)).state_dict().keys() for fused in (None, True, False)}
     assert keys[None] == keys[True] == keys[False]
+    copy.deepcopy(GPT(GPTConfig(**shape, fused=True)))  # a model holds no module object: it copies and pickles
     # Automatic on a machine without CUDA: the plain PyTorch mix, with no Triton in sight.
     if not torch.cuda.is_available():
         assert GPT(GPTConfig(**shape)).blocks[1].attn.router.mixer.fused(torch.zeros(1)) is None
