@@ -4,13 +4,16 @@ side by side, on random tokens, and print one markdown table.
 
     python bench.py --shape=all                     # on a GPU: every GPU shape, one table
     python bench.py --shape=gpt2 --routers=none,static,static-plain
+    python bench.py --shape=gpt2 --routers=none,hc,dynamic,dynamic-hc   # hyper-connections beside LIMe
     python bench.py                                 # on a CPU: the tiny shape, in seconds
 
 Each router's number is the median of `steps` timed steps after `warmup` untimed ones. The first
 step compiles (and tunes the fused kernels): its time beyond a normal step is the compile column.
 Ratios to 'none' come from the same run: compare those, not absolute numbers across runs. A LIMe
 router named with '-plain' (static-plain) runs lime.py's plain PyTorch mix instead of fused.py's
-kernels, to compare the two. The routing-floor column counts the bytes LIMe's mix must move (see
+kernels, to compare the two. 'hc' is the paper's other baseline, hyper-connections (dynamic, with
+`hyper_connections` streams) on the plain model, and '-hc' after a router adds them to it
+(static-hc). The routing-floor column counts the bytes LIMe's mix must move (see
 routing_bytes) and the time they take at `bandwidth` bytes/s: no exact implementation beats it.
 """
 import statistics
@@ -35,7 +38,8 @@ SHAPES = {  # name: (GPTConfig fields, batch size)
 GPU_SHAPES = ['gpt2', 'paper_1b', 'paper_1b_gqa', 'deep']  # what --shape=all runs
 # -----------------------------------------------------------------------------
 shape = 'gpt2'  # one of SHAPES, or 'all' for every GPU shape; on a CPU the default becomes 'tiny'
-routers = 'none,static,dynamic'  # add '-plain' to a LIMe router to time lime.py's plain mix
+routers = 'none,static,dynamic'  # '-plain': lime.py's plain mix; 'hc', '-hc': hyper-connections (see above)
+hyper_connections = 4  # streams of the HC rows (the paper's rate)
 fused = None  # the LIMe mix: None = fused.py's kernels on CUDA (see GPTConfig.fused), True / False
 batch_size = 0  # 0 means the shape's own
 steps = 20  # timed steps per router
@@ -50,7 +54,8 @@ config = {k: v for k, v in globals().items() if not k.startswith('_') and type(v
 given = apply_overrides(config, sys.argv[1:])
 check_values(config, {
     'text': ['shape', 'routers'],  # checked against SHAPES and ROUTERS below
-    'positive': ['steps', 'warmup', 'peak_flops', 'bandwidth'], 'non-negative': ['batch_size'],
+    'positive': ['steps', 'warmup', 'hyper_connections', 'peak_flops', 'bandwidth'],
+    'non-negative': ['batch_size'],
     'device': ['device'], ('bfloat16', 'float32'): ['dtype'],
 })
 device_type, autocast = resolve_device(config, given)
@@ -62,10 +67,23 @@ if shape not in SHAPES and shape != 'all':
 if shape == 'all' and device_type == 'cpu':
     fail("--shape=all runs the GPU shapes (GBs of memory, minutes per step on a CPU): use a GPU, "
          "or one shape, e.g. --shape=tiny")
+
+
+def parse_row(name):
+    """(router, hyper_connections, plain mix?) for a row name: a router, or 'hc' for the plain model
+    with hyper-connections; then '-hc' to add them to a router; then '-plain' (LIMe routers only)."""
+    base = name.removesuffix('-plain')
+    with_hc = base == 'hc' or base.endswith('-hc')
+    router = 'none' if base == 'hc' else base.removesuffix('-hc')
+    return router, hyper_connections if with_hc else 0, base != name
+
+
 router_list = sorted(routers.split(','), key=lambda r: r != 'none')  # the baseline first: ratios need it
 for name in router_list:
-    if name.removesuffix('-plain') not in ROUTERS or name == 'none-plain':
-        fail(f"routers: {name!r} is not one of {', '.join(ROUTERS)} (or static-plain, dynamic-plain)")
+    router, _, plain = parse_row(name)
+    if router not in ROUTERS or (plain and router == 'none') or name.startswith('none-'):
+        fail(f"routers: {name!r} is not one of {', '.join(ROUTERS)}, hc (or static-plain, dynamic-plain, "
+             "static-hc, dynamic-hc, static-hc-plain, ...)")
 torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
 
@@ -91,9 +109,9 @@ def measure(model_args, B, name):
     CUDA only) for one router."""
     torch.manual_seed(0)
     torch._dynamo.reset()  # each router compiles afresh, with nothing cached from the last
-    router = name.removesuffix('-plain')
+    router, hc, plain = parse_row(name)
     try:
-        model = GPT(GPTConfig(router=router, fused=False if name.endswith('-plain') else fused,
+        model = GPT(GPTConfig(router=router, hyper_connections=hc, fused=False if plain else fused,
                               **model_args)).to(device)
     except ValueError as e:
         fail(str(e))

@@ -9,6 +9,9 @@ What differs from a plain GPT (nanoGPT's model.py):
   router='static' or 'dynamic', layer l >= 1 attends over a learned mix of the keys/values of
   layers 0..l (StaticRouter, DynamicRouter) instead of its own alone. router='none' is the
   plain LLaMA model, with no extra parameter and no extra work.
+- Hyper-connections (HC, arXiv 2409.19606), the paper's other baseline, as an option
+  (hyper_connections=n): the residual stream becomes n streams that every sub-layer reads a mix of
+  and writes back into (HyperConnection). It combines with any router.
 - generate() keeps a KV cache of the *routed* keys/values: the same size as the baseline's.
 
 Shapes: B batch, T time, D width (n_embd), H query heads, G key/value heads, hs head size,
@@ -47,6 +50,10 @@ class GPTConfig:
     # None = fused Triton kernels (fused.py) where they run natively, on CUDA with triton installed;
     # True = always (on a CPU, through Triton's interpreter: slow, for tests); False = plain PyTorch.
     fused: Optional[bool] = None
+    # Hyper-connections (the paper's other baseline): 0 = off (a plain residual stream), else the
+    # rate n, the number of residual streams (the paper's 4). Dynamic (per-token) by default.
+    hyper_connections: int = 0
+    hc_dynamic: bool = True  # False = static HC: the mixing weights are the same for every token
 
     def __post_init__(self):
         self.n_kv_head = self.n_kv_head or self.n_head
@@ -58,6 +65,9 @@ class GPTConfig:
                              "of even size (RoPE rotates pairs of channels)")
         if self.n_head % self.n_kv_head:
             raise ValueError(f"n_head ({self.n_head}) must be a multiple of n_kv_head ({self.n_kv_head})")
+        if self.hyper_connections < 0:
+            raise ValueError("hyper_connections must be 0 (off) or the number of residual streams, "
+                             f"got {self.hyper_connections}")
         if not 0.0 < self.router_top_p <= 1.0:
             raise ValueError(f"router_top_p must be in (0, 1], got {self.router_top_p}")
         for name in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd'):
@@ -257,6 +267,51 @@ class MLP(nn.Module):
         return self.c_proj(F.silu(gate) * up)
 
 
+class HyperConnection(nn.Module):
+    """Hyper-connections (Zhu et al. 2024, arXiv 2409.19606, Sec. 2) around one sub-layer T
+    (attention or MLP). The residual stream is n streams H (B, T, n, D); the sub-layer reads one
+    mix of them, and its output is spread over the streams while they also mix among themselves:
+        h = A_m^T H,    H' = B^T T(h) + A_r^T H
+    with A_m (n,), A_r (n, n), B (n,) learned: static HC. Dynamic HC (the default, as in the LIMe
+    authors' code) adds a per-token correction read from each stream's normed vector:
+        A_m(H) = A_m + s_a tanh(norm(H) W_m),  A_r(H) = A_r + s_a tanh(norm(H) W_r),
+        B(H) = B + s_b tanh(norm(H) W_b)^T,    W = [W_m | W_r | W_b]: (D, n + 2)
+    Init: A_m = e_(k mod n) for sub-layer k, A_r = I, B = 1, W = 0, s_a = s_b = 0.01. Then every
+    stream holds the baseline's residual x + T(x) exactly, and the model is the baseline."""
+
+    def __init__(self, config, index):  # index k: the sub-layer's place, 2 per block (attn, mlp)
+        super().__init__()
+        n = self.rate = config.hyper_connections
+        self.index = index
+        self.static_alpha = nn.Parameter(torch.empty(n, n + 1))  # [A_m | A_r], row i: stream i
+        self.static_beta = nn.Parameter(torch.empty(n))  # B
+        self.proj = nn.Linear(config.n_embd, n + 2, bias=False) if config.hc_dynamic else None  # W
+        if config.hc_dynamic:
+            self.alpha_scale = nn.Parameter(torch.empty(()))  # s_a
+            self.beta_scale = nn.Parameter(torch.empty(()))  # s_b
+
+    def reset_parameters(self):
+        n = self.rate
+        with torch.no_grad():
+            self.static_alpha.zero_()
+            self.static_alpha[self.index % n, 0] = 1.0  # sub-layer k reads stream k mod n
+            self.static_alpha[:, 1:] = torch.eye(n)  # carry every stream on unchanged
+            self.static_beta.fill_(1.0)  # add the output to every stream
+            if self.proj is not None:
+                self.proj.weight.zero_()
+                self.alpha_scale.fill_(0.01)
+                self.beta_scale.fill_(0.01)
+
+    def forward(self, H, branch):  # H: (B, T, n, D); branch: the sub-layer, (B, T, D) -> (B, T, D)
+        alpha, beta = self.static_alpha, self.static_beta  # (n, n + 1), (n,)
+        if self.proj is not None:
+            dyn = torch.tanh(self.proj(F.rms_norm(H, (H.size(-1),), eps=1e-5)))  # (B, T, n, n + 2)
+            alpha = alpha + self.alpha_scale * dyn[..., :-1]  # (B, T, n, n + 1)
+            beta = beta + self.beta_scale * dyn[..., -1]  # (B, T, n)
+        mixed = alpha.transpose(-1, -2) @ H  # (..., n + 1, D): A_m^T H, then A_r^T H, in one matmul
+        return mixed[..., 1:, :] + beta[..., None] * branch(mixed[..., 0, :])[..., None, :]
+
+
 class Block(nn.Module):
 
     def __init__(self, config, layer_idx):
@@ -265,10 +320,17 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config, layer_idx)
         self.ln_2 = RMSNorm(config.n_embd)
         self.mlp = MLP(config)
+        # With hyper-connections, x is n streams (B, T, n, D) and these replace the two residual adds.
+        hc = config.hyper_connections
+        self.hc_attn = HyperConnection(config, 2 * layer_idx) if hc else None
+        self.hc_mlp = HyperConnection(config, 2 * layer_idx + 1) if hc else None
 
     def forward(self, x, rotary, memory=None, cache=None):
-        x = x + self.attn(self.ln_1(x), rotary, memory, cache)
-        return x + self.mlp(self.ln_2(x))
+        if self.hc_attn is None:
+            x = x + self.attn(self.ln_1(x), rotary, memory, cache)
+            return x + self.mlp(self.ln_2(x))
+        x = self.hc_attn(x, lambda h: self.attn(self.ln_1(h), rotary, memory, cache))
+        return self.hc_mlp(x, lambda h: self.mlp(self.ln_2(h)))
 
 
 class LayerMemory(list):
@@ -320,10 +382,14 @@ class GPT(nn.Module):
     def routers(self):
         return [block.attn.router for block in self.blocks if block.attn.router is not None]
 
+    def hyper_connections(self):
+        return [hc for block in self.blocks for hc in (block.hc_attn, block.hc_mlp) if hc is not None]
+
     def init_weights(self):
         """All initialisation in one place: GPT-2's normal(0, 0.02), with the projections that add
         into the residual stream scaled by 1/sqrt(2 n_layer) so its variance does not grow with
-        depth; norms start at 1; routers start as in the paper (see their reset_parameters)."""
+        depth; norms start at 1; routers and hyper-connections start as in their papers (see their
+        reset_parameters)."""
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
@@ -332,8 +398,8 @@ class GPT(nn.Module):
         for block in self.blocks:
             for proj in (block.attn.o_proj, block.mlp.c_proj):
                 nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
-        for router in self.routers():
-            router.reset_parameters()
+        for module in self.routers() + self.hyper_connections():
+            module.reset_parameters()
 
     def forward(self, idx, targets=None, cache=None):
         """idx: (B, T) token ids. Returns logits (B, T, vocab_size) and, given targets (B, T),
@@ -343,11 +409,18 @@ class GPT(nn.Module):
         if start + T > self.config.block_size:
             raise ValueError(f"sequence of {start + T} tokens > block_size {self.config.block_size}")
         x = self.wte(idx)  # (B, T, D)
+        n = self.config.hyper_connections
+        if n:
+            x = x.unsqueeze(2).expand(-1, -1, n, -1)  # (B, T, n, D): n copies of the embedding
         memory = LayerMemory(self.config.n_layer) if self.config.router != 'none' else None
         for block in self.blocks:
             x = block(x, self.rotary, memory, cache)
         if cache is not None:
             cache.pos += T
+        if n:
+            # The HC authors sum the streams; the mean is the same through the norm below, but for
+            # its eps, and keeps the model exactly the baseline at init (the sum is n times it).
+            x = x.mean(dim=2)  # (B, T, D)
         x = self.ln_f(x)
         logits = self.lm_head(x)[..., :self.config.vocab_size]  # the padded ids are never predicted
         loss = None
@@ -421,9 +494,12 @@ class GPT(nn.Module):
                              eps=1e-8, fused=False):
         """AdamW with the paper's groups: matrices decay, vectors (norm gains, biases) do not;
         router parameters train at router_lr (paper: 10x), and the static router's R is not
-        decayed (decay would pull it away from its identity init, toward reading nothing)."""
+        decayed (decay would pull it away from its identity init, toward reading nothing).
+        Hyper-connections, as their authors do: the static A and B are not decayed (for the same
+        reason), the dynamic W is; all at learning_rate."""
         router_params = {p for r in self.routers() for p in r.parameters()}
         static_params = {r.weight for r in self.routers() if isinstance(r, StaticRouter)}
+        static_params |= {p for hc in self.hyper_connections() for p in (hc.static_alpha, hc.static_beta)}
         # Groups by role, not by value, so a checkpoint's optimizer state fits any learning rates.
         groups = {('main', True): [], ('main', False): [], ('router', True): [], ('router', False): []}
         for p in self.parameters():
@@ -439,19 +515,25 @@ class GPT(nn.Module):
 
     def flops_per_token(self, seq_len=None):
         """Training FLOPs per token (forward + backward = 3x forward), PaLM-style: 6 per weight
-        used in a matmul, plus attention scores, plus LIMe's mixing of keys/values."""
+        used in a matmul, plus attention scores, plus LIMe's mixing of keys/values, plus the
+        hyper-connections' mixing of the streams."""
         cfg = self.config
         T = seq_len or cfg.block_size
         hs = cfg.n_embd // cfg.n_head
         static_weights = sum(r.weight.numel() for r in self.routers() if isinstance(r, StaticRouter))
-        matmuls = 6 * (self.num_params() - static_weights)  # includes lm_head via the tied wte
+        hc_weights = sum(p.numel() for hc in self.hyper_connections() for p in hc.parameters())
+        matmuls = 6 * (self.num_params() - static_weights - hc_weights)  # includes lm_head via the tied wte
         attention = 6 * 2 * cfg.n_layer * cfg.n_head * hs * T  # q.k and attn @ v, one multiply-add each
         # Each static weight R[g, m, h] is one multiply-add per channel of k and of v (2 * hs);
         # dynamic: one multiply-add per (head, source layer, channel of k and v).
         dynamic_weights = sum(cfg.n_kv_head * r.n_source for r in self.routers()
                               if isinstance(r, DynamicRouter))
         routing = 6 * 2 * hs * (static_weights + dynamic_weights)
-        return matmuls + attention + routing
+        # HC, per sub-layer and token, one multiply-add per channel for each of: A_m and A_r
+        # (n (n + 1)), B (n), and if dynamic W on each of the n streams (n (n + 2) again).
+        n = cfg.hyper_connections
+        hc = 6 * cfg.n_embd * n * (n + 2) * (1 + cfg.hc_dynamic) * len(self.hyper_connections())
+        return matmuls + attention + routing + hc
 
     def estimate_mfu(self, tokens_per_second, peak_flops=989e12, seq_len=None):
         """Model FLOPs utilisation: achieved training FLOP/s over the device's peak (default: H100

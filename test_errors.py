@@ -62,6 +62,9 @@ def root(tmp_path_factory):
         f.writelines(json.dumps({'text': f'document {i} ' * 50}) + '\n' for i in range(200))
     (files / 'truncated.jsonl.gz').write_bytes((files / 'docs.jsonl.gz').read_bytes()[:200])
     (files / 'plain.jsonl.gz').write_text('{"text": "gzip in name only"}\n')
+    good = '{"context": "a", "endings": ["b", "c"], "label": 0}\n'
+    (files / 'bad_json.jsonl').write_text(good + '{"context": \n')
+    (files / 'bad_label.jsonl').write_text(good.replace('0}', '2}'))
     (files / 'foreign').mkdir()
     torch.save({'weights': torch.zeros(2)}, files / 'foreign' / 'ckpt.pt')
     # Data whose training shards are all shorter than one micro-step of TINY (4 x 32 + 1 tokens).
@@ -100,6 +103,8 @@ CASES = [
     case('bench-router', 'bench.py', '--routers=none,statc', "'statc' is not one of"),
     case('analyze-cuda', 'analyze.py', '--out_dirs={run} --device=cuda', 'sees no CUDA GPU',
          needs_no_gpu=True),
+    case('evaluate-cuda', 'evaluate.py', '--out_dir={run} --device=cuda', 'sees no CUDA GPU',
+         needs_no_gpu=True),
     case('arith-cuda', 'arith.py', '--mode=eval --ckpt_dir={run} --device=cuda:7', "'cuda:7'"),
     # every numeric key has its range
     case('negative-grad-clip', 'train.py', '--grad_clip=-1', 'grad_clip must be >= 0'),
@@ -121,6 +126,11 @@ CASES = [
     case('analyze-negative-alpha', 'analyze.py', '--alpha=-1', 'alpha must be > 0'),
     case('arith-modulus', 'arith.py', '--modulus=12', 'modulus must be a prime'),
     case('arith-dunder-is-no-key', 'arith.py', '--__name__=x', "unknown key '__name__'"),
+    case('evaluate-nothing', 'evaluate.py', '--out_dir={run} --task=', 'nothing to evaluate'),
+    case('evaluate-shots-without-examples', 'evaluate.py', '--out_dir={run} --task={files}/bad_label.jsonl '
+         '--shots=1', '--shots=1 needs --train_file'),
+    case('train-mc-interval-without-task', 'train.py', '{tiny} --data_dir={data} --out_dir={scratch}/o '
+         '--mc_interval=2', 'mc_interval needs mc_task'),
     # config files that are not config files
     case('config-syntax', 'train.py', '{files}/syntax.py', 'syntax.py:2: not a config file'),
     case('config-not-utf8', 'train.py', '{files}/latin1.py', 'latin1.py: not UTF-8'),
@@ -136,6 +146,17 @@ CASES = [
          'latin1.txt: not UTF-8'),
     case('arith-out-dir-under-a-file', 'arith.py', '--out_dir={files}/a_file/arith',
          'cannot write to out_dir'),
+    case('evaluate-task-not-found', 'evaluate.py', '--out_dir={run} --task={files}/nothing.jsonl',
+         'task file not found'),
+    case('evaluate-task-line-not-json', 'evaluate.py', '--out_dir={run} --task={files}/bad_json.jsonl',
+         'bad_json.jsonl:2: not a JSON object'),
+    case('evaluate-task-label-out-of-range', 'evaluate.py', '--out_dir={run} --task={files}/bad_label.jsonl',
+         'bad_label.jsonl:1: expected {"context"'),
+    case('evaluate-hellaswag-offline', 'evaluate.py', '--out_dir={run} --task=hellaswag '
+         '--cache_dir={scratch}/t --hellaswag_url=file:///nowhere/hs',
+         'could not download file:///nowhere/hs/hellaswag_val.jsonl'),
+    case('evaluate-data-of-no-shards', 'evaluate.py', '--out_dir={run} --task= --data_dir={files}',
+         'no *_val_*.bin shard in'),
     # data and checkpoints
     case('no-shard-holds-one-step', 'train.py', '{tiny} --data_dir={files}/short --out_dir={scratch}/o',
          'no training shard in'),
@@ -198,7 +219,8 @@ def test_a_second_run_into_a_busy_out_dir_is_refused(root, tmp_path):
             first.send_signal(signal.SIGKILL)
 
 
-@pytest.mark.parametrize('script', ['train.py', 'sample.py', 'bench.py', 'analyze.py', 'arith.py'])
+@pytest.mark.parametrize('script', ['train.py', 'sample.py', 'bench.py', 'analyze.py', 'arith.py',
+                                    'evaluate.py'])
 def test_help_lists_every_key_with_its_default_and_comment(script):
     result = run(script, '--help')
     assert result.returncode == 0 and not result.stderr, result.stderr

@@ -18,7 +18,7 @@ import os
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict
+from dataclasses import asdict, fields
 
 import numpy as np
 import torch
@@ -26,6 +26,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configurator import apply_overrides, check_values, fail, load_checkpoint, resolve_device
+from evaluate import (encode_example, multiple_choice, nats_and_bytes, read_examples, task_file,
+                      task_tokenizer, token_byte_lengths)
 from lime import GPT, GPTConfig
 from prepare import read_shard
 
@@ -41,6 +43,9 @@ out_dir = 'out'  # where ckpt.pt and log.txt go; one run per out_dir
 data_dir = 'data/fineweb_edu'  # the token shards written by prepare.py
 eval_interval = 250  # steps between evaluations (and checkpoints)
 eval_iters = 20  # batches of the validation shard per evaluation, always the same ones
+mc_task = ''  # a multiple-choice task to score in training: 'hellaswag' or a task file (see evaluate.py)
+mc_interval = 0  # steps between those scorings, a multiple of eval_interval; 0 = never
+mc_examples = 1000  # the task's first this many examples, the same ones each time, shared among processes
 log_interval = 10  # steps between log lines
 always_save_checkpoint = True  # save at every evaluation, not only when val loss improves
 init_from = 'scratch'  # 'scratch' or 'resume' (from out_dir/ckpt.pt, with the settings saved in it)
@@ -54,6 +59,8 @@ mlp_hidden = 0  # SwiGLU hidden width; 0 means 4 * n_embd
 block_size = 1024  # tokens per sequence
 router = 'static'  # 'none' (LLaMA baseline), 'static' or 'dynamic' (LIMe)
 router_top_p = 1.0  # prune routing weights to this share of their mass; 1 = off
+hyper_connections = 0  # hyper-connections (the paper's other baseline): 0 = off, else n streams (paper: 4)
+hc_dynamic = True  # dynamic (per-token) HC, as in the paper; False = static HC
 vocab_size = 50257  # GPT-2's tokenizer; smaller for data with its own vocabulary
 fused = None  # LIMe's mix as fused Triton kernels: None = where they run natively (CUDA), or True / False
 # data: tokens per optimizer step = batch_size * block_size * gradient_accumulation_steps
@@ -84,12 +91,12 @@ check_values(config, {
     'path': ['out_dir', 'data_dir'],
     'positive': ['eval_interval', 'eval_iters', 'log_interval', 'n_layer', 'n_head', 'n_embd', 'block_size',
                  'vocab_size', 'batch_size', 'gradient_accumulation_steps', 'learning_rate', 'max_iters',
-                 'peak_flops'],
-    'non-negative': ['n_kv_head', 'mlp_hidden', 'router_lr', 'weight_decay', 'grad_clip', 'warmup_iters',
-                     'lr_decay_iters', 'min_lr'],
+                 'peak_flops', 'mc_examples'],
+    'non-negative': ['n_kv_head', 'mlp_hidden', 'hyper_connections', 'router_lr', 'weight_decay', 'grad_clip',
+                     'warmup_iters', 'lr_decay_iters', 'min_lr', 'mc_interval'],
     'fraction': ['router_top_p'], 'below one': ['beta1', 'beta2'], 'seed': ['seed'], 'device': ['device'],
     ('scratch', 'resume'): ['init_from'], ('none', 'static', 'dynamic'): ['router'],
-    ('bfloat16', 'float32'): ['dtype'],
+    ('bfloat16', 'float32'): ['dtype'], 'text': ['mc_task'],
 })
 device_type, autocast = resolve_device(config, given)
 globals().update(config)
@@ -121,7 +128,7 @@ def log(*args):
 # machine and this process is today's: where the run lives, the device, dtype, compile and fused.
 
 model_keys = ['n_layer', 'n_head', 'n_kv_head', 'n_embd', 'mlp_hidden', 'block_size', 'router',
-              'router_top_p', 'vocab_size']
+              'router_top_p', 'vocab_size', 'hyper_connections', 'hc_dynamic']
 own_keys = {'out_dir', 'init_from', 'overwrite', 'device', 'dtype', 'compile', 'fused', 'peak_flops'}
 ckpt_path = os.path.join(out_dir, 'ckpt.pt')
 checkpoint = None
@@ -129,9 +136,11 @@ if init_from == 'resume':
     checkpoint = load_checkpoint(ckpt_path, device, keys=('model', 'model_args', 'optimizer', 'step',
                                                           'best_val_loss', 'config', 'data', 'rng'))
     saved = checkpoint['config']
+    # A checkpoint older than a model key was made with that key's default in GPTConfig.
+    model_defaults = {f.name: f.default for f in fields(GPTConfig)}
     for key in set(model_keys) & given:
-        if config[key] != saved.get(key, config[key]):
-            fail(f"--{key}={config[key]} contradicts the checkpoint's {saved[key]!r}")
+        if config[key] != saved.get(key, model_defaults[key]):
+            fail(f"--{key}={config[key]} contradicts the checkpoint's {saved.get(key, model_defaults[key])!r}")
     for key in sorted(given & saved.keys() - own_keys):
         if config[key] != saved[key]:
             log(f"note: resuming with {key}={config[key]!r}, changed from the checkpoint's {saved[key]!r}")
@@ -217,6 +226,24 @@ if val_batches == 0:
     fail(f"the validation shard holds {len(val_tokens):,} tokens, fewer than one batch")
 if val_batches < eval_iters:
     log(f"note: the validation shard fits only {val_batches} of eval_iters={eval_iters} batches")
+# Bits per byte (evaluate.py) needs each token's UTF-8 bytes: GPT-2's, or arith.py's characters.
+byte_lengths, why = token_byte_lengths(vocab_size, data_dir)
+if byte_lengths is None:
+    log(f"note: no bits per byte in the evaluations: {why}")
+else:
+    byte_lengths = byte_lengths.to(device)
+
+# The multiple-choice task (evaluate.py), encoded once: this process's share of its first mc_examples.
+if mc_interval:
+    if not mc_task:
+        fail("mc_interval needs mc_task: 'hellaswag' or a task file")
+    if mc_interval % eval_interval:
+        fail(f"mc_interval ({mc_interval}) must be a multiple of eval_interval ({eval_interval})")
+    enc = task_tokenizer(vocab_size)
+    mc_examples_all = read_examples(task_file(mc_task))[:mc_examples]
+    mc_encoded = [encode_example(enc, example, block_size) for example in mc_examples_all[rank::world_size]]
+    mc_labels = [label for *_, label in mc_examples_all[rank::world_size]]
+    mc_name = os.path.basename(mc_task)
 
 
 class Batches:
@@ -363,18 +390,33 @@ def sum_over_processes(value):
 
 @torch.no_grad()
 def evaluate():
-    """Mean loss over the first val_batches batches of the validation shard, the same ones for any
-    number of processes (they share them out)."""
+    """Mean loss, and bits per byte (None where unknown), over the first val_batches batches of the
+    validation shard, the same ones for any number of processes (they share them out)."""
     eval_model.eval()
     B, T = batch_size, block_size
-    total = 0.0
+    total = nats = nbytes = 0.0
     for i in range(rank, val_batches, world_size):
         buf = torch.from_numpy(val_tokens[i * B * T:(i + 1) * B * T + 1].astype(np.int64)).to(device)
         with autocast:
-            _, loss = eval_model(buf[:-1].view(B, T), buf[1:].view(B, T))
+            logits, loss = eval_model(buf[:-1].view(B, T), buf[1:].view(B, T))
         total += loss.item()
+        if byte_lengths is not None:
+            n, b = nats_and_bytes(logits, buf[1:].view(B, T), byte_lengths)
+            nats, nbytes = nats + n, nbytes + b
     eval_model.train()
-    return sum_over_processes(total) / val_batches
+    nbytes = sum_over_processes(nbytes)
+    bpb = sum_over_processes(nats) / (math.log(2) * nbytes) if nbytes else None
+    return sum_over_processes(total) / val_batches, bpb
+
+
+def score_task():
+    """(acc, acc_norm) on the multiple-choice task's fixed examples, which the processes share out."""
+    eval_model.eval()
+    right, right_norm, _ = multiple_choice(eval_model, mc_encoded, mc_labels, device, autocast,
+                                           block_size if compile else None)
+    eval_model.train()
+    n = len(mc_examples_all)
+    return sum_over_processes(right) / n, sum_over_processes(right_norm) / n
 
 
 def save_checkpoint():
@@ -430,11 +472,20 @@ window_start, window_steps = time.time(), 0
 while True:
     last_step = step >= max_iters
     if (step % eval_interval == 0 or last_step) and (step > start_step or init_from == 'scratch'):
-        val_loss = evaluate()
-        log(f"step {step}/{max_iters} | val loss {val_loss:.4f}")
+        val_loss, val_bpb = evaluate()
+        line = f"step {step}/{max_iters} | val loss {val_loss:.4f}"
+        record = {'step': step, 'val_loss': val_loss}
+        if val_bpb is not None:
+            line += f" | bpb {val_bpb:.4f}"
+            record['val_bpb'] = val_bpb
+        if mc_interval and (step % mc_interval == 0 or last_step):
+            acc, acc_norm = score_task()
+            line += f" | {mc_name} acc {acc:.4f} acc_norm {acc_norm:.4f}"
+            record.update(mc_acc=acc, mc_acc_norm=acc_norm)
+        log(line)
         stop_if_not_finite(val_loss, 'the validation loss')
         if master:
-            write_log(step=step, val_loss=val_loss)
+            write_log(**record)
             if step > start_step and (val_loss < best_val_loss or always_save_checkpoint):
                 best_val_loss = min(best_val_loss, val_loss)
                 save_checkpoint()

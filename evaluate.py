@@ -1,0 +1,312 @@
+"""
+evaluate.py: score a checkpoint beyond its validation loss: accuracy on multiple-choice benchmarks
+(HellaSwag, or any task in one JSON-lines format) and, given a data directory, bits per byte.
+
+    python evaluate.py --out_dir=out/gpt2 --task=hellaswag             # downloads the validation split once
+    python evaluate.py --out_dir=out/gpt2 --task=piqa_val.jsonl --shots=1 --train_file=piqa_train.jsonl
+    python evaluate.py --out_dir=out/cpu_demo --task= --data_dir=data/pydoc   # bits per byte only
+
+Multiple choice. A task file holds one example a line, {"context": "...", "endings": ["...", ...],
+"label": k} with k the index of the right ending (HellaSwag's own lines, {"ctx", "endings", "label"}, are
+read as they are). As in build-nanogpt and the Eleuther harness, each ending follows the context after a
+space (none if it starts with whitespace) and is scored by the model's cross-entropy on the ending's
+tokens only: `acc` picks the ending of least summed loss, `acc_norm` the least mean loss per token (which
+does not favour short endings). All endings of an example go through the model in one forward, padded on
+the right (padding cannot change earlier positions' logits in a causal model); a sequence longer than
+block_size loses tokens on the left. With --shots=k, each example is preceded by k solved examples
+drawn from --train_file (for hellaswag, its training split), each "context ending", joined by blank lines.
+
+Bits per byte: the loss in nats summed over the validation shard's tokens, over ln 2 times the UTF-8
+bytes those tokens decode to, so that models with different tokenizers compare. <|endoftext|> marks a
+document boundary, not text: it has no bytes, and its loss is left out too. For arith.py's data (one
+ASCII character a token) each token is one byte; for other vocabularies it is not reported.
+"""
+import json
+import math
+import os
+import random
+import sys
+import urllib.request
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from configurator import apply_overrides, check_values, fail, load_model, resolve_device
+from prepare import EOT, InputError, gpt2_encoding, read_shard
+
+# -----------------------------------------------------------------------------
+out_dir = 'out'  # the directory holding ckpt.pt
+task = 'hellaswag'  # 'hellaswag' (downloaded on first use), a JSON-lines task file, or '' for none
+max_examples = 0  # score only the task's first this many examples; 0 = all of them
+shots = 0  # solved examples put before each one (the paper's table is 1-shot)
+train_file = ''  # where the solved examples come from (a task file); hellaswag uses its training split
+data_dir = ''  # a directory of token shards: report bits per byte on its validation shard; '' = don't
+batch_size = 8  # sequences of block_size tokens per forward, for bits per byte
+cache_dir = 'data/tasks'  # where downloaded tasks are kept
+hellaswag_url = 'https://raw.githubusercontent.com/rowanz/hellaswag/master/data'  # its authors' repo
+seed = 1337  # draws the solved examples
+device = 'cuda' if torch.cuda.is_available() else 'cpu'
+dtype = 'bfloat16'  # 'bfloat16' (autocast) or 'float32'; on a CPU the default becomes float32
+compile = True  # torch.compile the model, every forward padded to block_size; on a CPU the default is False
+fused = None  # LIMe's mix as fused Triton kernels: None = where they run natively (CUDA), or True / False
+# -----------------------------------------------------------------------------
+
+
+# -----------------------------------------------------------------------------
+# tasks: files of examples, and HellaSwag's download
+
+
+def download(url, path):
+    """url's file at path, written whole or not at all; one line naming both when it cannot be had."""
+    print(f"downloading {url} to {path}", file=sys.stderr)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+        with urllib.request.urlopen(url, timeout=60) as response, open(tmp, 'wb') as f:
+            f.write(response.read())
+        os.replace(tmp, path)
+    except (OSError, ValueError) as e:  # urllib's URLError is an OSError
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        fail(f"could not download {url} ({getattr(e, 'reason', None) or e}); without a network, fetch it "
+             f"elsewhere and put it at {path}")
+
+
+def task_file(name, split='val'):
+    """The path of a task: hellaswag's split in cache_dir (downloaded if missing), or name itself."""
+    if name == 'hellaswag':
+        path = os.path.join(cache_dir, f'hellaswag_{split}.jsonl')
+        if not os.path.isfile(path):
+            download(f"{hellaswag_url}/hellaswag_{split}.jsonl", path)
+        return path
+    if not os.path.isfile(name):
+        fail(f"task file not found: {name} (give --task=hellaswag or a JSON-lines file of "
+             '{"context": ..., "endings": [...], "label": k})')
+    return name
+
+
+def read_examples(path):
+    """The examples of a JSON-lines task file as (context, endings, label) tuples."""
+    shape = '{"context": text, "endings": [two or more texts], "label": index of the right ending}'
+    examples = []
+    try:
+        with open(path, encoding='utf-8') as f:
+            lines = f.readlines()
+    except UnicodeDecodeError as e:
+        fail(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})")
+    except OSError as e:
+        fail(f"{path}: could not read it ({e.strerror})")
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as e:
+            fail(f"{path}:{n}: not a JSON object ({e})")
+        if isinstance(record, dict) and 'ctx' in record and 'context' not in record:  # HellaSwag's own
+            record = {**record, 'context': record['ctx']}
+        context, endings, label = (record.get(key) for key in ('context', 'endings', 'label')) \
+            if isinstance(record, dict) else (None, None, None)
+        if isinstance(label, str) and label.isdigit():
+            label = int(label)
+        if not (isinstance(context, str) and isinstance(endings, list) and len(endings) >= 2
+                and all(isinstance(e, str) for e in endings) and type(label) is int
+                and 0 <= label < len(endings)):
+            fail(f"{path}:{n}: expected {shape}")
+        examples.append((context, endings, label))
+    if not examples:
+        fail(f"{path} holds no examples")
+    return examples
+
+
+def continuation(context, ending):
+    """The ending as it follows the context: after a space, unless one side already has whitespace."""
+    return ending if not context or context[-1:].isspace() or ending[:1].isspace() else ' ' + ending
+
+
+def with_shots(examples, solved, k, seed):
+    """Each example's context preceded by k solved examples drawn from solved, joined by blank lines."""
+    rng = random.Random(seed)
+    out = []
+    for context, endings, label in examples:
+        drawn = rng.sample(solved, k)
+        prefix = ''.join(c + continuation(c, e[l]) + '\n\n' for c, e, l in drawn)
+        out.append((prefix + context, endings, label))
+    return out
+
+
+def task_tokenizer(vocab_size):
+    """GPT-2's BPE, which tasks are tokenized with: for models of its vocabulary only."""
+    if vocab_size != EOT + 1:
+        fail(f"the model's vocab_size is {vocab_size}, not GPT-2's {EOT + 1}: tasks are tokenized with "
+             "GPT-2's BPE")
+    try:
+        return gpt2_encoding()
+    except InputError as e:
+        fail(str(e))
+
+
+def encode_example(enc, example, block_size):
+    """One (tokens, mask) pair per ending: the context's tokens then the ending's, the mask 1 on the
+    ending's. Cut on the left to block_size + 1 tokens (the inputs are all but the last)."""
+    context, endings, _ = example
+    ctx = enc.encode_ordinary(context)
+    rows = []
+    for ending in endings:
+        end = enc.encode_ordinary(continuation(context, ending))
+        rows.append(((ctx + end)[-(block_size + 1):], ([0] * len(ctx) + [1] * len(end))[-(block_size + 1):]))
+    return rows
+
+
+# -----------------------------------------------------------------------------
+# scoring
+
+
+@torch.no_grad()
+def score_endings(model, rows, device, autocast, length=None, n_rows=None):
+    """(summed, mean) loss of each ending, in one forward. rows: encode_example's pairs, padded with
+    token 0 (mask 0) to the longest, or to length tokens and n_rows rows when given (a compiled model
+    then sees one shape only)."""
+    L = length or max(len(tokens) for tokens, _ in rows)
+    E = n_rows or len(rows)
+    tokens = torch.zeros((E, L), dtype=torch.long)
+    mask = torch.zeros((E, L))
+    for i, (t, m) in enumerate(rows):
+        tokens[i, :len(t)], mask[i, :len(m)] = torch.tensor(t), torch.tensor(m, dtype=torch.float)
+    tokens, mask = tokens.to(device), mask.to(device)
+    with autocast:
+        logits, _ = model(tokens[:, :-1])  # (E, L - 1, vocab)
+    losses = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten(), reduction='none')
+    losses = losses.view(E, L - 1) * mask[:, 1:]  # the ending's tokens only
+    summed = losses.sum(1)[:len(rows)]
+    return summed, summed / mask[:len(rows), 1:].sum(1)
+
+
+def multiple_choice(model, encoded, labels, device, autocast, block_size=None, progress=False):
+    """(examples right by summed loss, right by mean loss per token, examples). block_size pads every
+    forward to block_size + 1 tokens and the most endings any example has, for a compiled model."""
+    from tqdm import tqdm
+    n_rows = max(map(len, encoded), default=0) if block_size else None
+    right = right_norm = 0
+    for rows, label in zip(tqdm(encoded, disable=not progress, unit='example'), labels):
+        summed, mean = score_endings(model, rows, device, autocast, block_size and block_size + 1, n_rows)
+        right += int(summed.argmin()) == label
+        right_norm += int(mean.argmin()) == label
+    return right, right_norm, len(encoded)
+
+
+def token_byte_lengths(vocab_size, data_dir):
+    """(UTF-8 bytes of each token id's text as a tensor, None), or (None, why) where they are unknown.
+    <|endoftext|> is a document boundary, not text: 0 bytes."""
+    task_path = os.path.join(data_dir, 'task.json')
+    if os.path.isfile(task_path):  # arith.py's data: token id = position in its vocabulary of characters
+        with open(task_path) as f:
+            vocab = json.load(f).get('vocab')
+        if isinstance(vocab, str) and len(vocab) == vocab_size:
+            return torch.tensor([len(c.encode('utf-8')) for c in vocab]), None
+        return None, f"{task_path} does not give the {vocab_size} tokens' characters"
+    if vocab_size != EOT + 1:
+        return None, f"a vocabulary of {vocab_size} tokens is not GPT-2's: its tokens' bytes are unknown"
+    try:
+        enc = gpt2_encoding()
+    except InputError as e:
+        return None, str(e)
+    lengths = [len(enc.decode_single_token_bytes(i)) for i in range(EOT)] + [0]
+    return torch.tensor(lengths), None
+
+
+def nats_and_bytes(logits, targets, byte_lengths):
+    """The loss in nats summed over the targets that are text, and the bytes of their text."""
+    nbytes = byte_lengths.to(targets.device)[targets]  # (B, T)
+    losses = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction='none')
+    return (losses * (nbytes.flatten() > 0)).sum().item(), nbytes.sum().item()
+
+
+@torch.no_grad()
+def bits_per_byte(model, tokens, byte_lengths, block_size, batch_size, device, autocast):
+    """Over all whole windows of block_size + 1 tokens (each overlapping the next by one) of tokens."""
+    T, windows = block_size, (len(tokens) - 1) // block_size
+    nats = nbytes = 0
+    for i in range(0, windows, batch_size):
+        B = min(batch_size, windows - i)
+        buf = torch.from_numpy(tokens[i * T:(i + B) * T + 1].astype(np.int64)).to(device)
+        with autocast:
+            logits, _ = model(buf[:-1].view(B, T))
+        n, b = nats_and_bytes(logits, buf[1:].view(B, T), byte_lengths)
+        nats, nbytes = nats + n, nbytes + b
+    return nats / (math.log(2) * nbytes), windows * T
+
+
+# -----------------------------------------------------------------------------
+
+
+def val_shard(model):
+    """The first validation shard in data_dir, its token ids checked against the model's vocabulary."""
+    files = sorted(f for f in os.listdir(data_dir) if '_val_' in f and f.endswith('.bin')) \
+        if os.path.isdir(data_dir) else []
+    if not files:
+        fail(f"no *_val_*.bin shard in {data_dir}/ (prepare.py writes one)")
+    path = os.path.join(data_dir, files[0])
+    try:
+        tokens = read_shard(path)
+    except ValueError as e:
+        fail(str(e))
+    if len(tokens) <= model.config.block_size:
+        fail(f"{path} holds {len(tokens)} tokens, fewer than one sequence of block_size + 1")
+    if int(tokens.max()) >= model.config.vocab_size:
+        fail(f"{path} holds token id {int(tokens.max())}, but the model's vocab_size is "
+             f"{model.config.vocab_size}")
+    return path, tokens
+
+
+def main():
+    # The settings are the lowercase values at the top.
+    config = {k: v for k, v in globals().items()
+              if k.islower() and not k.startswith('_') and type(v) in (int, float, bool, str, type(None))}
+    given = apply_overrides(config, sys.argv[1:])
+    check_values(config, {'path': ['out_dir', 'cache_dir', 'hellaswag_url'],
+                          'text': ['task', 'train_file', 'data_dir'], 'positive': ['batch_size'],
+                          'non-negative': ['max_examples', 'shots'],
+                          'seed': ['seed'], 'device': ['device'], ('bfloat16', 'float32'): ['dtype']})
+    device_type, autocast = resolve_device(config, given)
+    globals().update(config)
+    if not task and not data_dir:
+        fail("nothing to evaluate: give --task, --data_dir, or both")
+    if shots and task != 'hellaswag' and not train_file:
+        fail(f"--shots={shots} needs --train_file, a task file of solved examples to draw them from")
+    paths = (task_file(task), task_file(train_file or task, 'train') if shots else None) if task else None
+
+    model, checkpoint = load_model(os.path.join(out_dir, 'ckpt.pt'), device, fused)
+    block_size = model.config.block_size
+    result = {'out_dir': out_dir, 'step': checkpoint['step']}
+    if data_dir:
+        path, tokens = val_shard(model)
+        byte_lengths, why = token_byte_lengths(model.config.vocab_size, data_dir)
+        if byte_lengths is None:
+            print(f"note: no bits per byte: {why}")
+        else:
+            bpb, n = bits_per_byte(model, tokens, byte_lengths, block_size, batch_size, device, autocast)
+            print(f"{path}: {bpb:.4f} bits per byte ({n:,} tokens)")
+            result.update(bpb=bpb, bpb_tokens=n)
+    if task:
+        enc = task_tokenizer(model.config.vocab_size)
+        examples = read_examples(paths[0])[:max_examples or None]
+        if shots:
+            solved = read_examples(paths[1])
+            if len(solved) < shots:
+                fail(f"--shots={shots}, but {paths[1]} holds only {len(solved)} examples")
+            examples = with_shots(examples, solved, shots, seed)
+        encoded = [encode_example(enc, example, block_size) for example in examples]
+        if compile:
+            model = torch.compile(model)
+        right, right_norm, n = multiple_choice(model, encoded, [label for *_, label in examples], device,
+                                               autocast, block_size if compile else None, progress=True)
+        name = 'hellaswag' if task == 'hellaswag' else os.path.basename(task)
+        print(f"{name}: acc {right / n:.4f} | acc_norm {right_norm / n:.4f} | {n:,} examples, {shots}-shot")
+        result.update(task=name, shots=shots, acc=right / n, acc_norm=right_norm / n, examples=n)
+    print(json.dumps(result))
+
+
+if __name__ == '__main__':
+    main()
