@@ -64,15 +64,25 @@ def set_key(config, key, value, where):
     config[key] = value
 
 
+def read_text(path, what):
+    """The UTF-8 text of a file the user named (what it is: 'config file', 'prompt file', ...), or
+    one line saying why it cannot be read."""
+    try:
+        with open(path, encoding='utf-8') as f:
+            return f.read()
+    except UnicodeDecodeError as e:
+        fail(f"{what} {path}: not UTF-8 text ({e.reason} at byte {e.start})")
+    except OSError as e:
+        fail(f"{what} {path}: could not read it ({e.strerror})")
+
+
 def read_config_file(path, config):
     """Apply a config file's `key = value` lines; returns the keys it set."""
     if not os.path.isfile(path):
         fail(f"config file not found: {path} (overrides are written --key=value)")
+    text = read_text(path, 'config file')
     try:
-        with open(path, encoding='utf-8') as f:
-            tree = ast.parse(f.read(), filename=path)
-    except UnicodeDecodeError as e:
-        fail(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})")
+        tree = ast.parse(text, filename=path)
     except SyntaxError as e:  # null bytes too
         where = f"{path}:{e.lineno}" if e.lineno else path
         fail(f"{where}: not a config file of `key = value` lines ({e.msg})")

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from configurator import apply_overrides, check_values, fail, load_model, resolve_device
+from configurator import apply_overrides, check_values, fail, load_model, read_text, resolve_device
 from prepare import EOT, InputError, gpt2_encoding, read_shard
 
 # -----------------------------------------------------------------------------
@@ -90,14 +90,7 @@ def read_examples(path):
     """The examples of a JSON-lines task file as (context, endings, label) tuples."""
     shape = '{"context": text, "endings": [two or more texts], "label": index of the right ending}'
     examples = []
-    try:
-        with open(path, encoding='utf-8') as f:
-            lines = f.readlines()
-    except UnicodeDecodeError as e:
-        fail(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})")
-    except OSError as e:
-        fail(f"{path}: could not read it ({e.strerror})")
-    for n, line in enumerate(lines, 1):
+    for n, line in enumerate(read_text(path, 'task file').split('\n'), 1):
         if not line.strip():
             continue
         try:

@@ -10,7 +10,7 @@ import sys
 
 import torch
 
-from configurator import apply_overrides, check_values, fail, load_model, resolve_device
+from configurator import apply_overrides, check_values, fail, load_model, read_text, resolve_device
 from prepare import InputError, gpt2_encoding
 
 # -----------------------------------------------------------------------------
@@ -38,13 +38,7 @@ if start.startswith('FILE:'):
     path = start[len('FILE:'):]
     if not os.path.isfile(path):
         fail(f"prompt file not found: {path}")
-    try:
-        with open(path, encoding='utf-8') as f:
-            start = f.read()
-    except UnicodeDecodeError as e:
-        fail(f"prompt file {path}: not UTF-8 text ({e.reason} at byte {e.start})")
-    except OSError as e:
-        fail(f"prompt file {path}: {e.strerror}")
+    start = read_text(path, 'prompt file')
 try:
     enc = gpt2_encoding()
 except InputError as e:

@@ -9,7 +9,7 @@ import torch
 
 import analyze
 from lime import GPTConfig, HyperConnection
-from test_lime import assert_close, greedy_by_full_recompute, tiny_model
+from test_lime import assert_close, assert_compiles_as_one_graph, greedy_by_full_recompute, tiny_model
 from test_train import data_dir, read_log, run, train  # noqa: F401  data_dir is a fixture
 
 VARIANTS = [dict(hc_dynamic=True), dict(hc_dynamic=False)]  # dynamic (the default) and static HC
@@ -137,14 +137,7 @@ def test_hc_flops_count_the_stream_mixing():
 
 @pytest.mark.parametrize('router', ['none', 'static'])
 def test_hc_compiles_as_one_graph_and_matches_eager(router):
-    torch._dynamo.reset()
-    model = trained_looking(tiny_model(router=router, n_kv_head=2, hyper_connections=4))
-    compiled = torch.compile(model, fullgraph=True, backend='aot_eager')
-    idx = torch.randint(0, 101, (2, 16))
-    logits, loss = compiled(idx, idx)
-    loss.backward()
-    assert_close(logits, model(idx)[0], what='compiled and eager logits')
-    assert all(p.grad is not None for p in model.parameters())
+    assert_compiles_as_one_graph(trained_looking(tiny_model(router=router, n_kv_head=2, hyper_connections=4)))
 
 
 def test_bad_hc_config_raises_a_clear_error():

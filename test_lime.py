@@ -248,10 +248,14 @@ def test_flops_per_token_counts_routing():
 
 @pytest.mark.parametrize('router', ROUTERS)
 def test_compiles_as_one_graph_and_matches_eager(router):
+    assert_compiles_as_one_graph(tiny_model(router=router, n_kv_head=2,
+                                            router_top_p=0.9 if router != 'none' else 1.0))
+
+
+def assert_compiles_as_one_graph(model):
     # fullgraph=True fails on any graph break; the aot_eager backend traces forward and backward
     # like inductor does, without the minutes of C++ compilation a CPU run of inductor costs.
     torch._dynamo.reset()
-    model = tiny_model(router=router, n_kv_head=2, router_top_p=0.9 if router != 'none' else 1.0)
     compiled = torch.compile(model, fullgraph=True, backend='aot_eager')
     idx = torch.randint(0, 101, (2, 16))
     logits, loss = compiled(idx, idx)
