@@ -17,7 +17,8 @@ newline. With p = 11 (7+5 = 12 = 1, 4*3 = 1, 2*7 = 3, and 1/4 = 3 because 4*3 = 
 
 Evaluation prompts with "\\n" + expression + "=", decodes greedily until the end token, and counts an
 example correct when the text after the last '=' is the answer (the paper's exact match on the final
-answer). It prints a table per operator count and, last, one JSON line with the same numbers.
+answer). It prints a table per operator count and, last, one JSON line with the same numbers, which it
+also writes to ckpt_dir/arith_eval.json (plot.py --mode=arith draws it).
 
 What the paper states, and what is chosen here where it does not:
 - Paper: operators + - x /; the model writes a step-by-step solution and is scored on the answer it ends
@@ -308,6 +309,8 @@ def run_eval(given):
         print(row(n_ops, n_ops + 1, len(examples), f"{share(right, examples):.1%}", len(held_out), shown,
                   f"{time.time() - t0:.1f}s"))
     print(json.dumps(result))
+    with open(os.path.join(ckpt_dir, 'arith_eval.json'), 'w') as f:  # for plot.py --mode=arith
+        f.write(json.dumps(result) + '\n')
 
 
 def main():

@@ -43,8 +43,12 @@ def train(data_dir, out_dir, *args, check=True):
 
 
 def log_records(out_dir):
+    """The step records of out_dir/log.txt, after the run's record that opens it (and only it)."""
     with open(os.path.join(out_dir, 'log.txt')) as f:
-        return [json.loads(line) for line in f]
+        header, *records = [json.loads(line) for line in f]
+    assert set(header) == {'config', 'params', 'flops_per_token'}, header
+    assert all('step' in record for record in records)
+    return records
 
 
 def read_log(out_dir):
@@ -125,6 +129,9 @@ def test_resume_takes_the_model_data_and_schedule_from_the_checkpoint(data_dir, 
     assert checkpoint['config']['data_dir'] == str(data_dir)
     assert logged_steps(out) == [(0, 'val'), (1, 'train'), (2, 'train'), (2, 'val'), (3, 'train'),
                                  (4, 'train'), (4, 'val')]
+    with open(out / 'log.txt') as f:  # the run's record that opens the log is the resumed run's
+        header = json.loads(f.readline())
+    assert header['config']['max_iters'] == 4 and header['config']['block_size'] == 16
 
 
 def test_a_short_last_shard_is_skipped_and_the_run_trains_past_it(data_dir, tmp_path):

@@ -8,7 +8,8 @@ train.py: train a LIMe or baseline GPT on the token shards written by prepare.py
 Every key in the defaults block below can be overridden by config files and --key=value
 (see configurator.py; `python train.py --help` lists them). Checkpoints go to out_dir/ckpt.pt;
 --init_from=resume continues the run in one exactly where it stopped, with its settings;
-out_dir/log.txt has one JSON object a line for plotting.
+out_dir/log.txt has one JSON object a line: the run's settings first, then a record per log and
+evaluation step (plot.py draws them).
 """
 import ctypes
 import glob
@@ -294,9 +295,10 @@ class Batches:
 # out_dir: one run at a time, and no run lost to a repeated command
 
 
-def claim_out_dir():
-    """out_dir/log.txt, open and locked for as long as this process lives: a second run into the same
-    out_dir is refused rather than mixing its checkpoints with ours. Under the lock, a scratch run
+def claim_out_dir(header):
+    """out_dir/log.txt, opened by the run's record (header: its settings and size, for plot.py) and
+    locked for as long as this process lives: a second run into the same out_dir is refused rather
+    than mixing its checkpoints with ours. Under the lock, a scratch run
     refuses an out_dir that holds a run unless told to overwrite it, and a resumed run drops the
     records that the killed run wrote after its checkpoint, which it is about to write again."""
     try:
@@ -322,17 +324,16 @@ def claim_out_dir():
             if os.path.exists(ckpt_path):
                 os.remove(ckpt_path)
         records = []
-    else:  # a record cut short by the kill is dropped too
-        records = [r for r in records if r.endswith('\n') and json.loads(r)['step'] <= step]
+    else:  # a record cut short by the kill is dropped too, and the old run record gives way to ours
+        records = [r for r in records if r.endswith('\n') and json.loads(r).get('step', step + 1) <= step]
     log_file.seek(0)
     log_file.truncate()
-    log_file.writelines(records)
+    log_file.writelines([json.dumps(header) + '\n'] + records)
     log_file.flush()
     return log_file
 
 
 step = checkpoint['step'] if checkpoint is not None else 0
-log_file = claim_out_dir() if master else None
 
 # -----------------------------------------------------------------------------
 # model and optimizer
@@ -356,6 +357,8 @@ if checkpoint is not None:
     log(f"resumed from {ckpt_path} at step {step}")
     checkpoint = None  # free the memory
 log(f"model: {model.num_params() / 1e6:.2f}M parameters, router={gptconf.router}")
+log_file = claim_out_dir({'config': config, 'params': model.num_params(),
+                          'flops_per_token': model.flops_per_token()}) if master else None
 train_batches = Batches(train_files, usable, batch_size, block_size, data_state)
 
 # -----------------------------------------------------------------------------

@@ -1,0 +1,239 @@
+"""
+plot.py: draw what train.py and arith.py record, one figure and one Markdown table per command.
+
+    python plot.py --runs=out/none,out/static,out/dynamic                     # loss curves
+    python plot.py --mode=arith --runs='out/arith/L4_*'                       # accuracy per operator count
+    python plot.py --mode=depth --runs='out/arith/*' --n_ops=6                # accuracy at 6 operators by depth
+
+A run is an out_dir of train.py: its log.txt opens with the run's record (its settings, parameter
+count and FLOPs per token), then one JSON record per logged or evaluated step. The arith modes also
+read the arith_eval.json that `arith.py --mode=eval` writes beside the checkpoint. --runs takes
+directories or shell patterns, separated by commas.
+
+Runs that differ only in their seed are one setting (same router and depth): the loss curves keep a
+line per run, one colour per setting; the arith figures draw each setting's mean with a band from
+its worst to its best seed, and the tables give mean ± standard deviation over the seeds.
+matplotlib is optional for the rest of the repo, but needed here (pip install matplotlib); without
+it the tables still print.
+"""
+import glob
+import json
+import os
+import statistics
+import sys
+
+from configurator import apply_overrides, check_values, fail
+
+try:
+    import matplotlib
+    matplotlib.use('Agg')  # draw to files; no display needed
+    import matplotlib.pyplot as plt
+except ImportError:
+    plt = None
+
+# -----------------------------------------------------------------------------
+mode = 'curves'  # 'curves': losses against step and FLOPs; 'arith': accuracy per operator count; 'depth'
+runs = 'out/none,out/static,out/dynamic'  # comma-separated out_dirs or patterns such as out/arith/*
+out = ''  # the PNG to write; '' means figures/loss_curves.png, arith_accuracy.png or arith_depth.png
+n_ops = 6  # depth mode: the operator count whose accuracy is drawn (the paper's hardest tier)
+# -----------------------------------------------------------------------------
+DEFAULT_OUT = {'curves': 'figures/loss_curves.png', 'arith': 'figures/arith_accuracy.png',
+               'depth': 'figures/arith_depth.png'}
+COLORS = {'none': 'tab:gray', 'static': 'tab:blue', 'dynamic': 'tab:orange'}  # the rest: matplotlib's cycle
+
+
+def run_dirs(spec):
+    """The directories that spec (comma-separated paths or patterns) names, in order, each once."""
+    dirs = []
+    for part in filter(None, spec.split(',')):
+        matches = sorted(glob.glob(part)) if glob.has_magic(part) else [part]
+        if not matches:
+            fail(f"--runs: no directory matches {part}")
+        dirs += [d for d in matches if d not in dirs]
+    if not dirs:
+        fail("--runs names no directory")
+    return dirs
+
+
+def read_log(run):
+    """(the run's record, its step records) from run/log.txt."""
+    path = os.path.join(run, 'log.txt')
+    try:
+        with open(path, encoding='utf-8') as f:
+            records = [json.loads(line) for line in f if line.strip()]
+    except OSError as e:
+        fail(f"cannot read {path}: {e.strerror}")
+    except ValueError as e:
+        fail(f"{path}: not one JSON object a line ({e})")
+    if not records or 'config' not in records[0]:
+        fail(f"{path} does not open with the run's record (train.py writes one since plot.py exists): "
+             "train the run again to plot it")
+    return records[0], records[1:]
+
+
+def read_eval(run):
+    """run/arith_eval.json: accuracy per operator count, keys turned back into ints."""
+    path = os.path.join(run, 'arith_eval.json')
+    if not os.path.isfile(path):
+        fail(f"{path} not found: run `python arith.py --mode=eval --ckpt_dir={run}` first")
+    with open(path, encoding='utf-8') as f:
+        result = json.load(f)
+    # Held-out accuracy is the paper's measure; where every expression is in training (1 operator)
+    # there is none, and accuracy over all of them is what there is.
+    return {int(k): v if v is not None else result['accuracy_all'][k] for k, v in result['accuracy'].items()}
+
+
+def setting(config, depth):
+    """A run's setting, the name its seeds share: the router, and the depth where depths differ."""
+    name = config['router'] + (f"-hc{config['hyper_connections']}" if config.get('hyper_connections') else '')
+    return f"{name} {config['n_layer']}L" if depth else name
+
+
+def by_setting(runs, depth):
+    """{setting: [run dir, ...]} in the order the settings first appear."""
+    configs = {run: read_log(run)[0]['config'] for run in runs}
+    depth = depth or len({c['n_layer'] for c in configs.values()}) > 1
+    groups = {}
+    for run, config in configs.items():
+        groups.setdefault(setting(config, depth), []).append(run)
+    return groups, configs
+
+
+def mean_std(values):
+    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def markdown(header, rows):
+    lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
+    return '\n'.join(lines + ['| ' + ' | '.join(row) + ' |' for row in rows])
+
+
+def color(name, i):
+    return COLORS.get(name.split()[0], f'C{i + 3}')
+
+
+# -----------------------------------------------------------------------------
+# the three figures
+
+
+def plot_curves(runs):
+    """Train and validation loss against step (top) and against training FLOPs (bottom)."""
+    groups, configs = by_setting(runs, depth=False)
+    rows, series = [], []
+    for i, (name, members) in enumerate(groups.items()):
+        for j, run in enumerate(members):
+            header, records = read_log(run)
+            c = header['config']
+            flops_per_step = header['flops_per_token'] * c['batch_size'] * c['block_size'] * c[
+                'gradient_accumulation_steps']
+            label = f"{name} seed {c['seed']}" if len(members) > 1 else name
+            train = [(r['step'], r['train_loss']) for r in records if 'train_loss' in r]
+            val = [(r['step'], r['val_loss']) for r in records if 'val_loss' in r]
+            style = ('-', '--', ':', '-.')[j % 4]  # a setting's seeds: one colour, a dash pattern each
+            series.append((label, color(name, i), style, flops_per_step, train, val))
+            last = f"{val[-1][1]:.4f} (step {val[-1][0]})" if val else '-'
+            rows.append([label, run, f"{header['params'] / 1e6:.2f}M", last,
+                         f"{min(v for _, v in val):.4f}" if val else '-'])
+    print(markdown(['run', 'out_dir', 'parameters', 'last val loss', 'best val loss'], rows))
+    if plt is None:
+        return None
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharey='col')
+    for label, c, style, flops_per_step, train, val in series:
+        for col, points in enumerate((train, val)):
+            if points:
+                steps, losses = zip(*points)
+                axes[0, col].plot(steps, losses, color=c, linestyle=style, label=label, alpha=0.85)
+                axes[1, col].plot([s * flops_per_step for s in steps], losses, color=c, linestyle=style,
+                                  alpha=0.85)
+    for col, what in enumerate(('train loss', 'validation loss')):
+        axes[0, col].set(title=what, xlabel='step', ylabel='loss')
+        axes[1, col].set(xlabel='training FLOPs', ylabel='loss')
+    axes[0, 0].legend()
+    return fig
+
+
+def plot_arith(runs):
+    """Exact-match accuracy against the number of operators, a line per setting."""
+    groups, _ = by_setting(runs, depth=False)
+    accuracy = {name: [read_eval(run) for run in members] for name, members in groups.items()}
+    counts = sorted({k for results in accuracy.values() for result in results for k in result})
+    rows = []
+    for k in counts:
+        cells = [f"{100 * m:.1f} ± {100 * s:.1f}" for m, s in
+                 (mean_std([r[k] for r in results if k in r]) for results in accuracy.values())]
+        rows.append([str(k), str(k + 1)] + cells)
+    print(markdown(['operators', 'operands'] + [f"{name} ({len(groups[name])} seeds)" for name in groups],
+                   rows))
+    if plt is None:
+        return None
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for i, (name, results) in enumerate(accuracy.items()):
+        ks = [k for k in counts if all(k in r for r in results)]
+        values = [[100 * r[k] for r in results] for k in ks]
+        ax.plot(ks, [statistics.mean(v) for v in values], marker='o', color=color(name, i),
+                label=f"{name} ({len(results)} seeds)")
+        ax.fill_between(ks, [min(v) for v in values], [max(v) for v in values], color=color(name, i), alpha=0.2)
+    ax.set(title='arithmetic expressions: exact match', xlabel='operators (operands - 1)',
+           ylabel='accuracy on held-out expressions (%)', xticks=counts, ylim=(0, 100))
+    ax.legend()
+    return fig
+
+
+def plot_depth(runs, k):
+    """Accuracy at k operators against the number of layers, a line per router."""
+    groups, configs = by_setting(runs, depth=True)
+    points = {}  # router -> {n_layer: [accuracy of each seed]}
+    for members in groups.values():
+        for run in members:
+            result = read_eval(run)
+            if k not in result:
+                fail(f"{run}/arith_eval.json has no {k}-operator accuracy (choose --n_ops among {sorted(result)})")
+            points.setdefault(setting(configs[run], False), {}).setdefault(
+                configs[run]['n_layer'], []).append(100 * result[k])
+    depths = sorted({d for by_depth in points.values() for d in by_depth})
+    def cell(seeds):
+        return '{:.1f} ± {:.1f}'.format(*mean_std(seeds)) + f" ({len(seeds)})" if seeds else '-'
+
+    rows = [[str(d)] + [cell(by_depth.get(d)) for by_depth in points.values()] for d in depths]
+    print(markdown(['layers'] + [f"{name}: % at {k} operators (seeds)" for name in points], rows))
+    if plt is None:
+        return None
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for i, (name, by_depth) in enumerate(points.items()):
+        ds = sorted(by_depth)
+        ax.plot(ds, [statistics.mean(by_depth[d]) for d in ds], marker='o', color=color(name, i), label=name)
+        for d in ds:  # each seed as a dot: the spread is the data, with 2 or 3 seeds
+            ax.scatter([d] * len(by_depth[d]), by_depth[d], color=color(name, i), s=12, alpha=0.6)
+    ax.set(title=f'accuracy at {k} operators against depth', xlabel='layers', xscale='log',
+           ylabel='accuracy on held-out expressions (%)', ylim=(0, 100))
+    ax.set_xticks(depths, [str(d) for d in depths])
+    ax.minorticks_off()
+    ax.legend()
+    return fig
+
+
+def main(argv):
+    config = {'mode': mode, 'runs': runs, 'out': out, 'n_ops': n_ops}
+    apply_overrides(config, argv)
+    check_values(config, {('curves', 'arith', 'depth'): ['mode'], 'text': ['runs', 'out'], 'positive': ['n_ops']})
+    dirs = run_dirs(config['runs'])
+    if config['mode'] == 'curves':
+        fig = plot_curves(dirs)
+    elif config['mode'] == 'arith':
+        fig = plot_arith(dirs)
+    else:
+        fig = plot_depth(dirs, config['n_ops'])
+    if fig is None:
+        fail("drawing the figure needs matplotlib: pip install matplotlib (the table above is all there is)")
+    path = config['out'] or DEFAULT_OUT[config['mode']]
+    try:
+        os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+    except OSError as e:
+        fail(f"cannot write {path}: {e.strerror}")
+    print(f"wrote {path}")
+
+
+if __name__ == '__main__':
+    main(sys.argv[1:])

@@ -1,0 +1,140 @@
+"""
+Tests for plot.py and compare.sh: the figures and tables from fabricated logs (with and without
+matplotlib), and the three-router comparison end to end at a tiny shape on the CPU.
+"""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+HAVE_MATPLOTLIB = importlib.util.find_spec('matplotlib') is not None
+# Runs plot.py as `python plot.py ARGS` would, but with `import matplotlib` failing.
+WITHOUT_MATPLOTLIB = ("import runpy, sys; sys.modules['matplotlib'] = None; "
+                      "sys.argv = ['plot.py'] + sys.argv[1:]; runpy.run_path('plot.py', run_name='__main__')")
+
+
+def plot(*args, matplotlib=True, check=True):
+    command = ['plot.py'] if matplotlib else ['-c', WITHOUT_MATPLOTLIB]
+    result = subprocess.run([sys.executable, *command, *args], capture_output=True, text=True, cwd=HERE,
+                            timeout=120)
+    if check:
+        assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def fake_run(path, router, seed, n_layer=4, accuracy=None, final_val=2.0):
+    """An out_dir as train.py (and arith.py, given accuracy {n_ops: share}) would leave it."""
+    os.makedirs(path)
+    config = {'router': router, 'seed': seed, 'n_layer': n_layer, 'batch_size': 2, 'block_size': 8,
+              'gradient_accumulation_steps': 1, 'hyper_connections': 0}
+    records = [{'config': config, 'params': 1000, 'flops_per_token': 6000}]
+    for step in range(0, 101, 10):
+        records.append({'step': step, 'train_loss': 3.0 - step / 100, 'lr': 1e-3})
+        if step % 50 == 0:
+            records.append({'step': step, 'val_loss': final_val + 1 - step / 100, 'val_bpb': 1.0})
+    with open(os.path.join(path, 'log.txt'), 'w') as f:
+        f.writelines(json.dumps(r) + '\n' for r in records)
+    if accuracy is not None:
+        result = {'router': router, 'accuracy': {str(k): v for k, v in accuracy.items()},
+                  'accuracy_all': {str(k): 0.99 for k in accuracy}}
+        with open(os.path.join(path, 'arith_eval.json'), 'w') as f:
+            f.write(json.dumps(result) + '\n')
+    return str(path)
+
+
+@pytest.fixture
+def runs(tmp_path):
+    """none and static, two seeds each, at 4 layers; static also at 8 layers."""
+    made = {}
+    for router, seed, n_layer, six in [('none', 1, 4, 0.10), ('none', 2, 4, 0.20), ('static', 1, 4, 0.50),
+                                        ('static', 2, 4, 0.70), ('static', 1, 8, 0.90)]:
+        made[router, seed, n_layer] = fake_run(tmp_path / f'L{n_layer}_{router}_s{seed}', router, seed, n_layer,
+                                               accuracy={1: None, 5: 0.8, 6: six}, final_val=2.0 + seed / 10)
+    return made
+
+
+@pytest.mark.skipif(not HAVE_MATPLOTLIB, reason='matplotlib is not installed')
+def test_loss_curves_are_drawn_with_a_row_per_run(runs, tmp_path):
+    four_layers = [d for (r, s, n), d in runs.items() if n == 4]
+    result = plot(f"--runs={','.join(four_layers)}", f'--out={tmp_path / "curves.png"}')
+    rows = [line for line in result.stdout.splitlines() if line.startswith('| ') and 'seed' in line]
+    assert [row.split(' | ')[0] for row in rows] == ['| none seed 1', '| none seed 2', '| static seed 1',
+                                                     '| static seed 2']
+    assert '2.1000 (step 100)' in rows[0] and '2.2000 (step 100)' in rows[1]  # the last val loss
+    with open(tmp_path / 'curves.png', 'rb') as f:
+        assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+
+
+def test_without_matplotlib_the_table_prints_and_one_line_says_how_to_install_it(runs, tmp_path):
+    result = plot(f"--runs={tmp_path}/L4_*", f'--out={tmp_path / "curves.png"}', matplotlib=False, check=False)
+    assert result.returncode != 0 and result.stderr.strip().count('\n') == 0, result.stderr
+    assert 'pip install matplotlib' in result.stderr and 'Traceback' not in result.stderr
+    assert '| static seed 2 |' in result.stdout and not (tmp_path / 'curves.png').exists()
+
+
+def test_arith_table_gives_mean_and_spread_over_seeds(runs, tmp_path):
+    result = plot('--mode=arith', f"--runs={tmp_path}/L4_*", f'--out={tmp_path / "a.png"}',
+                  matplotlib=HAVE_MATPLOTLIB, check=HAVE_MATPLOTLIB)
+    row = next(line for line in result.stdout.splitlines() if line.startswith('| 6 |'))
+    # none: 10% and 20% -> 15.0 ± 7.1; static: 50% and 70% -> 60.0 ± 14.1 (sample standard deviation)
+    assert row == '| 6 | 7 | 15.0 ± 7.1 | 60.0 ± 14.1 |', row
+    one = next(line for line in result.stdout.splitlines() if line.startswith('| 1 |'))
+    assert '99.0 ± 0.0' in one  # no held-out expression with one operator: accuracy over all of them
+    assert (tmp_path / 'a.png').exists() == HAVE_MATPLOTLIB
+
+
+def test_depth_table_has_a_row_per_depth_and_a_column_per_router(runs, tmp_path):
+    result = plot('--mode=depth', f"--runs={tmp_path}/L*", '--n_ops=6', f'--out={tmp_path / "d.png"}',
+                  matplotlib=HAVE_MATPLOTLIB, check=HAVE_MATPLOTLIB)
+    lines = result.stdout.splitlines()
+    assert '| 4 | 15.0 ± 7.1 (2) | 60.0 ± 14.1 (2) |' in lines, result.stdout
+    assert '| 8 | - | 90.0 ± 0.0 (1) |' in lines, result.stdout
+    missing = plot('--mode=depth', f"--runs={tmp_path}/L*", '--n_ops=9', check=False)
+    assert 'no 9-operator accuracy' in missing.stderr and 'Traceback' not in missing.stderr
+
+
+def test_bad_runs_give_one_clear_line(runs, tmp_path):
+    os.makedirs(tmp_path / 'old')
+    (tmp_path / 'old' / 'log.txt').write_text('{"step": 0, "val_loss": 3.0}\n')
+    not_evaluated = fake_run(tmp_path / 'trained_only', 'static', 1)
+    for args, message in [(['--runs=' + str(tmp_path / 'nothing*')], 'no directory matches'),
+                          (['--runs=' + str(tmp_path / 'old')], "does not open with the run's record"),
+                          (['--runs=' + str(tmp_path / 'absent')], 'cannot read'),
+                          (['--mode=arith', '--runs=' + not_evaluated], 'arith_eval.json not found'),
+                          (['--mode=bars'], "mode must be one of")]:
+        result = plot(*args, check=False)
+        assert result.returncode != 0 and message in result.stderr, (args, result.stderr)
+        assert 'Traceback' not in result.stderr and result.stderr.startswith('error:'), result.stderr
+
+
+def test_compare_sh_trains_each_router_and_draws_their_curves(tmp_path):
+    """The small-text preset, end to end at a tiny shape: prepare.py on a file, then compare.sh."""
+    text = tmp_path / 'text.jsonl'
+    words = 'the cat is on the mat and the dogs are in the house where they were last night'.split()
+    with open(text, 'w') as f:
+        for i in range(200):
+            f.write(json.dumps({'text': ' '.join(words[(i + j) % len(words)] for j in range(60))}) + '\n')
+    env = {**os.environ, 'OMP_NUM_THREADS': '1'}
+    data = tmp_path / 'data'
+    subprocess.run([sys.executable, 'prepare.py', '--input', str(text), '--out_dir', str(data), '--workers', '1'],
+                   check=True, capture_output=True, cwd=HERE, env=env, timeout=120)
+    out = tmp_path / 'cmp'
+    tiny = ['--device=cpu', '--compile=False', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32',
+            '--batch_size=2', '--max_iters=4', '--eval_interval=2', '--eval_iters=1', '--warmup_iters=1',
+            f'--data_dir={data}', f'--out_dir={out}']
+    result = subprocess.run(['bash', 'compare.sh', 'config/small_text.py', *tiny], capture_output=True, text=True,
+                            cwd=HERE, env=env, timeout=300)
+    if HAVE_MATPLOTLIB:
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert (out / 'loss_curves.png').exists()
+    else:
+        assert 'pip install matplotlib' in result.stderr
+    for router in ('none', 'static', 'dynamic'):
+        assert (out / router / 'ckpt.pt').exists() and f'| {router} | {out / router} |' in result.stdout
+    again = subprocess.run(['bash', 'compare.sh', 'config/small_text.py', *tiny], capture_output=True, text=True,
+                           cwd=HERE, env=env, timeout=300)
+    assert again.returncode != 0 and 'holds a run' in again.stderr  # the first run is kept, not replaced
