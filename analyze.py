@@ -1,17 +1,22 @@
 """
 analyze.py: look inside trained checkpoints, as the paper's analysis does (arXiv 2502.09245, Sec. 5):
-how each LIMe layer spreads its reading over the earlier layers, and how much information each
-layer's values hold (their matrix entropy).
+how each LIMe layer spreads its reading over the earlier layers, how much information each layer's
+values hold (their matrix entropy), and how well a linear probe tells similar tokens apart from them.
 
     python analyze.py --out_dirs=out/none,out/static,out/dynamic --data_dir=data/pydoc
     python analyze.py --out_dirs=out/cpu_demo --alpha=0.5 --fig_dir=figures/cpu_demo
 
-It prints three kinds of table: per LIMe checkpoint, its routing weights (paper Fig. 13), as
-percentages with a row of shading characters per layer and kv head; the mean weight that later
-layers give each source layer (Fig. 2); and the matrix entropy of each layer's values (Fig. 5).
+It prints these tables: per LIMe checkpoint, its routing weights (paper Fig. 13), as percentages
+with a row of shading characters per layer and kv head; the mean weight that later layers give each
+source layer (Fig. 2); the matrix entropy of each layer's values (Fig. 5); and, for checkpoints of
+GPT-2's vocabulary, the linear probe (Figs. 7 and 12): per layer, the held-out accuracy (mean ± std
+over cross-validation folds) of a linear classifier telling the tokens ' is', ' are', ' was' and
+' were' of the validation shard apart, from the values the layer's attention reads at that token,
+then from the hidden state (the residual stream) after the layer. Chance is 25%; a layer whose
+representations have collapsed scores low. Other checkpoints get a note that the probe skips them.
 With matplotlib installed (pip install matplotlib) it also writes them as PNGs to fig_dir:
-routing_<name>.png per LIMe checkpoint, retrieval.png and entropy.png, a checkpoint being named by
-its directory's basename.
+routing_<name>.png per LIMe checkpoint, retrieval.png, entropy.png and probe.png, a checkpoint
+being named by its directory's basename.
 """
 import glob
 import os
@@ -19,9 +24,10 @@ import sys
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from configurator import apply_overrides, check_values, fail, load_model
-from prepare import read_shard
+from prepare import InputError, gpt2_encoding, read_shard
 
 try:  # optional: without it the tables are all there is
     import matplotlib
@@ -38,11 +44,19 @@ fig_dir = 'figures'  # where the PNGs go
 batch_size = 8  # validation sequences (of the smallest block_size) that all averages run over
 alpha = 1.0  # order of the matrix (Renyi) entropy; 1 = Shannon, the limit of the paper's 0.99
 device = 'cuda' if torch.cuda.is_available() else 'cpu'
-seed = 1337  # picks the validation sequences; every checkpoint sees the same ones
+seed = 1337  # picks the validation sequences and the probe's folds; every checkpoint sees the same ones
+probe = True  # run the linear probe (checkpoints of GPT-2's vocabulary only); False skips it
+probe_examples = 300  # the probe's examples of each token, at most (fewer if the shard holds fewer)
+probe_folds = 5  # cross-validation folds of the probe: each holds out 1/probe_folds of the examples
 # -----------------------------------------------------------------------------
 DEFAULTS = {k: v for k, v in globals().items()
             if not k.startswith('_') and type(v) in (int, float, bool, str)}
 SHADES = '.:-=+*#%@'  # a routing weight w in [0, 1] is drawn as SHADES[round(8 w)]; darker = more
+GPT2_VOCAB = 50257  # GPT-2's BPE vocabulary, <|endoftext|> included: the probe's tokens are in it
+PROBE_WORDS = (' is', ' are', ' was', ' were')  # the probe's classes: one GPT-2 token each
+PROBE_BATCH = 8  # chunks of the shard per forward pass while collecting the probe's features
+PROBE_STEPS = 100  # L-BFGS iterations that fit each probe
+PROBE_L2 = 1e-3  # weight of the probe's L2 penalty: keeps it finite on separable features
 
 
 def matrix_entropy(Z, alpha=1.0):
@@ -70,29 +84,180 @@ def retrieval_by_source(weights):
     return torch.tensor([weights[m + 1:, :, m].mean().item() for m in range(weights.size(0) - 1)])
 
 
-@torch.no_grad()
-def layer_values(model, idx):
-    """The values each layer's attention reads on tokens idx (B, T): a list of n_layer tensors
-    (B, T, G * hs). A LIMe layer reads its router's mix of the layers so far; layer 0, and every
-    layer of a router='none' model, reads its own kv_proj output."""
-    B, T = idx.shape
-    values = {}
+class StopForward(Exception):
+    """Raised by a hook on the last block: the analysis needs nothing past it, and the logits'
+    matmul over a 50K-token vocabulary costs more than all the blocks of a small model."""
 
-    def keep(layer):
+
+@torch.no_grad()
+def layer_features(model, idx):
+    """What each layer holds on tokens idx (B, T): (values, hidden), two lists of n_layer tensors.
+    values[l] (B, T, G * hs): the values layer l's attention reads. A LIMe layer reads its router's
+    mix of the layers so far; layer 0, and every layer of a router='none' model, reads its own
+    kv_proj output. hidden[l] (B, T, D): the hidden state (residual stream) that block l outputs.
+    With hyper-connections a block outputs n streams (B, T, n, D): hidden[l] is their mean, which is
+    what GPT.forward makes of the last block's streams before its final norm."""
+    B, T = idx.shape
+    values, hidden = {}, {}
+
+    def keep_values(layer):
         def hook(module, args, out):  # out: router (B, T, 2, G, hs) or kv_proj (B, T, 2 * G * hs)
             values[layer] = out.reshape(B, T, 2, -1)[:, :, 1]  # (B, T, G * hs); index 0 is the keys
+        return hook
+
+    def keep_hidden(layer):
+        def hook(module, args, out):  # out: (B, T, D), or (B, T, n, D) with hyper-connections
+            hidden[layer] = out.mean(dim=2) if out.dim() == 4 else out
+            if layer == len(model.blocks) - 1:
+                raise StopForward  # every layer's features are in: skip the final norm and logits
         return hook
 
     hooks = []
     for l, block in enumerate(model.blocks):
         source = block.attn.router if block.attn.router is not None else block.attn.kv_proj
-        hooks.append(source.register_forward_hook(keep(l)))
+        hooks.append(source.register_forward_hook(keep_values(l)))
+        hooks.append(block.register_forward_hook(keep_hidden(l)))
     try:
         model(idx)
+    except StopForward:
+        pass
     finally:
         for hook in hooks:
             hook.remove()
-    return [values[l] for l in range(len(model.blocks))]
+    return [values[l] for l in range(len(model.blocks))], [hidden[l] for l in range(len(model.blocks))]
+
+
+def layer_values(model, idx):
+    """The values each layer's attention reads on tokens idx (B, T): a list of n_layer tensors
+    (B, T, G * hs), as layer_features gives them."""
+    return layer_features(model, idx)[0]
+
+
+# -----------------------------------------------------------------------------
+# the linear probe (paper Figs. 7 and 12): can a linear classifier tell similar tokens apart from
+# what a layer holds at them? If a layer's representations have collapsed, it cannot.
+
+
+def probe_tokens(tokens, T, classes, limit, folds, path):
+    """Where the probe's examples lie in tokens, the validation shard at path: (positions, labels),
+    in shard order. classes maps each class's word to its token id; label c is the c-th of them.
+    Only whole chunks of T tokens count, as the model reads the shard in consecutive chunks. Every
+    class keeps its first n occurrences, n = min(count over classes, limit), so chance is
+    1 / len(classes). Stops with one line if a class has fewer than folds."""
+    usable = tokens[:len(tokens) // T * T]
+    found = [np.flatnonzero(usable == token)[:limit] for token in classes.values()]
+    n = min(len(where) for where in found)
+    if n < folds:
+        word = list(classes)[int(np.argmin([len(where) for where in found]))]
+        fail(f"{path} holds only {n} {word!r} tokens in its {len(usable):,} tokens read by the probe "
+             f"(whole chunks of {T}); the probe needs probe_folds={folds} of each of "
+             f"{', '.join(map(repr, classes))} (or set --probe=False)")
+    positions = np.concatenate([where[:n] for where in found])
+    labels = np.repeat(np.arange(len(classes)), n)
+    order = np.argsort(positions)  # shard order: the chunks are then read once each, in turn
+    return positions[order], torch.from_numpy(labels[order])
+
+
+@torch.no_grad()
+def probe_features(model, tokens, positions, T, device):
+    """The features of the tokens at positions (sorted) of tokens, from model reading the chunks of T
+    tokens that hold them: (values, hidden), two lists of n_layer tensors (N, d) on the CPU, row i
+    for positions[i] (see layer_features)."""
+    chunk_of = positions // T  # the chunk each example lies in
+    chunks = np.unique(chunk_of)  # sorted; only these need a forward pass
+    values, hidden = [[] for _ in model.blocks], [[] for _ in model.blocks]
+    for i in range(0, len(chunks), PROBE_BATCH):
+        batch = chunks[i:i + PROBE_BATCH]
+        idx = torch.from_numpy(np.stack([tokens[c * T:(c + 1) * T] for c in batch]).astype(np.int64))
+        # This batch's examples, in order: row b of idx, position t in it.
+        mine = (chunk_of >= batch[0]) & (chunk_of <= batch[-1])
+        b = torch.from_numpy(np.searchsorted(batch, chunk_of[mine]))
+        t = torch.from_numpy(positions[mine] % T)
+        layer_v, layer_h = layer_features(model, idx.to(device))
+        for l in range(len(model.blocks)):
+            values[l].append(layer_v[l][b, t].float().cpu())
+            hidden[l].append(layer_h[l][b, t].float().cpu())
+    return [torch.cat(v) for v in values], [torch.cat(h) for h in hidden]
+
+
+def stratified_folds(labels, folds, seed):
+    """The fold (0 .. folds - 1) of each example: each class's examples, shuffled, dealt out to the
+    folds in turn, so every fold holds about the same share of each class."""
+    generator = torch.Generator().manual_seed(seed)
+    fold = torch.empty_like(labels)
+    for c in labels.unique().tolist():
+        where = (labels == c).nonzero().squeeze(1)
+        where = where[torch.randperm(len(where), generator=generator)]
+        fold[where] = torch.arange(len(where)) % folds
+    return fold
+
+
+def fit_probe(X, y, n_classes):
+    """Multinomial logistic regression: a Linear layer from features X (N, d) to n_classes logits,
+    fitted to labels y (N,) by minimising the cross-entropy plus PROBE_L2 * (sum of squared weights)
+    with full-batch L-BFGS. It starts from zero weights and sees every example at every step: the
+    same inputs always give the same classifier."""
+    probe = torch.nn.Linear(X.size(1), n_classes)
+    torch.nn.init.zeros_(probe.weight)
+    torch.nn.init.zeros_(probe.bias)
+    optimizer = torch.optim.LBFGS(probe.parameters(), max_iter=PROBE_STEPS, line_search_fn='strong_wolfe')
+
+    def closure():  # L-BFGS calls this for the loss and its gradient as often as it needs them
+        optimizer.zero_grad()
+        loss = F.cross_entropy(probe(X), y) + PROBE_L2 * probe.weight.square().sum()
+        loss.backward()
+        return loss
+
+    with torch.enable_grad():  # whatever the caller's mode
+        optimizer.step(closure)  # one call runs up to PROBE_STEPS iterations
+    return probe
+
+
+def probe_accuracy(X, labels, folds, seed):
+    """How well a linear classifier tells the classes apart from features X (N, d): its accuracy on
+    held-out examples, by stratified cross-validation over `folds` folds (seed shuffles them). Each
+    fold in turn is the test set of a fit_probe on the others. Returns (mean, std) of the folds'
+    accuracies (the std with Bessel's correction)."""
+    fold = stratified_folds(labels, folds, seed)
+    n_classes = int(labels.max()) + 1
+    accuracies = []
+    for k in range(folds):
+        test, train = fold == k, fold != k
+        # Standardised with the training folds' statistics only: the test fold stays unseen.
+        mean, std = X[train].mean(dim=0), X[train].std(dim=0)
+        std = torch.where(std > 0, std, torch.ones_like(std))  # a constant feature: leave it unscaled
+        probe = fit_probe((X[train] - mean) / std, labels[train], n_classes)
+        with torch.no_grad():
+            predicted = probe((X[test] - mean) / std).argmax(dim=1)
+        accuracies.append((predicted == labels[test]).float().mean().item())
+    accuracies = torch.tensor(accuracies)
+    return accuracies.mean().item(), accuracies.std().item()
+
+
+def probe_layers(models, tokens, path, T, limit, folds, seed, device):
+    """The linear probe of each model in models (name: model, all of GPT-2's vocabulary) on the
+    validation shard's tokens (at path), read in chunks of T: {'values': curves, 'hidden states':
+    curves}, curves mapping each name to its layers' (mean, std) held-out accuracies; and the
+    number of examples of each class."""
+    try:
+        enc = gpt2_encoding()
+    except InputError as e:
+        fail(str(e))
+    classes = {}
+    for word in PROBE_WORDS:
+        ids = enc.encode_ordinary(word)
+        assert len(ids) == 1, (word, ids)  # each is one token of GPT-2's BPE
+        classes[word] = ids[0]
+    largest = int(tokens.max())
+    if largest >= min(model.config.vocab_size for model in models.values()):
+        fail(f"{path} holds token id {largest}, past a checkpoint's vocabulary")
+    positions, labels = probe_tokens(tokens, T, classes, limit, folds, path)
+    accuracy = {'values': {}, 'hidden states': {}}
+    for name, model in models.items():
+        values, hidden = probe_features(model, tokens, positions, T, device)
+        accuracy['values'][name] = [probe_accuracy(X, labels, folds, seed) for X in values]
+        accuracy['hidden states'][name] = [probe_accuracy(X, labels, folds, seed) for X in hidden]
+    return accuracy, len(labels) // len(classes)
 
 
 def format_table(title, header, rows):
@@ -152,6 +317,23 @@ def plot_curves(path, curves, title, xlabel, ylabel):
     save(fig, path)
 
 
+def plot_probe(path, accuracy, chance):
+    """accuracy: {feature kind: {checkpoint name: [(mean, std) per layer]}}, a panel per kind."""
+    fig, axes = plt.subplots(1, len(accuracy), figsize=(4.5 * len(accuracy), 3.5), sharey=True, squeeze=False)
+    for ax, (kind, curves) in zip(axes[0], accuracy.items()):
+        for name, points in curves.items():
+            mean, std = np.array(points).T
+            layers = np.arange(len(mean))
+            line, = ax.plot(layers, mean, marker='o', label=name)
+            ax.fill_between(layers, mean - std, mean + std, color=line.get_color(), alpha=0.2)  # mean ± std
+        ax.axhline(chance, color='gray', linestyle='--', label='chance')
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # layers are whole numbers
+        ax.set(title=f'linear probe: {kind}', xlabel='layer', ylim=(0.0, 1.05))
+    axes[0, 0].set_ylabel('held-out accuracy')
+    axes[0, 0].legend()
+    save(fig, path)
+
+
 def save(fig, path):
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -159,17 +341,22 @@ def save(fig, path):
     print(f"wrote {path}")
 
 
-def validation_batch(data_dir, batch_size, T, seed):
-    """batch_size sequences of T tokens (B, T) from random places in the validation shard."""
+def validation_shard(data_dir):
+    """(path, tokens) of the validation shard in data_dir, or one line saying why there is none."""
     files = sorted(glob.glob(os.path.join(data_dir, '*_val_*.bin')))
     if not files:
         fail(f"no *_val_*.bin shard in {data_dir}/ (write one with prepare.py, or set --data_dir)")
     try:
-        tokens = read_shard(files[0])
+        return files[0], read_shard(files[0])
     except ValueError as e:  # read_shard's message names the file and the problem
         fail(str(e))
+
+
+def validation_batch(data_dir, batch_size, T, seed):
+    """batch_size sequences of T tokens (B, T) from random places in the validation shard."""
+    path, tokens = validation_shard(data_dir)
     if len(tokens) < T:
-        fail(f"{files[0]} holds {len(tokens):,} tokens, fewer than one sequence of {T}")
+        fail(f"{path} holds {len(tokens):,} tokens, fewer than one sequence of {T}")
     starts = torch.randint(len(tokens) - T + 1, (batch_size,), generator=torch.Generator().manual_seed(seed))
     return torch.stack([torch.from_numpy(tokens[s:s + T].astype(np.int64)) for s in starts.tolist()])
 
@@ -178,7 +365,13 @@ def main(argv):
     config = dict(DEFAULTS)
     apply_overrides(config, argv)
     check_values(config, {'text': ['out_dirs'], 'path': ['data_dir', 'fig_dir'],
-                          'positive': ['batch_size', 'alpha'], 'device': ['device'], 'seed': ['seed']})
+                          'positive': ['batch_size', 'alpha', 'probe_examples', 'probe_folds'],
+                          'device': ['device'], 'seed': ['seed']})
+    if config['probe'] and config['probe_folds'] < 2:
+        fail(f"probe_folds must be at least 2 (one fold to test on, the others to fit), got {config['probe_folds']}")
+    if config['probe'] and config['probe_examples'] < config['probe_folds']:
+        fail(f"probe_examples ({config['probe_examples']}) must be at least probe_folds "
+             f"({config['probe_folds']}): every fold needs an example of each token")
     dirs = [d for d in config['out_dirs'].split(',') if d]
     names = [os.path.basename(os.path.normpath(d)) for d in dirs]
     if not dirs or len(set(names)) < len(names):
@@ -208,6 +401,27 @@ def main(argv):
                                f"{len(idx)} sequences of {T} tokens; higher = more spread (paper Fig. 5)",
                                'layer', entropy, '{:.3f}'))
 
+    # The linear probe needs GPT-2's tokens ' is', ' are', ...: other vocabularies (arith.py's) lack them.
+    probed = {name: model for name, model in models.items() if model.config.vocab_size >= GPT2_VOCAB}
+    skipped = [f'{name} (vocab_size {model.config.vocab_size})' for name, model in models.items()
+               if name not in probed]
+    accuracy = {}
+    if config['probe'] and skipped:
+        print(f"\nnote: the linear probe skips {', '.join(skipped)}: it needs GPT-2's vocabulary, for the "
+              f"tokens {', '.join(map(repr, PROBE_WORDS))}")
+    if config['probe'] and probed:
+        path, tokens = validation_shard(config['data_dir'])
+        accuracy, n = probe_layers(probed, tokens, path, T, config['probe_examples'], config['probe_folds'],
+                                   config['seed'], config['device'])
+        for kind, where in (('values', "the values each layer's attention reads"),
+                            ('hidden states', "the hidden state (residual stream) after each layer")):
+            # A cell is '{mean:.3f} ± {std:.3f}': format's {0[0]} and {0[1]} index the (mean, std) pair.
+            print('\n' + render_curves(f"linear probe on {where}: held-out accuracy telling "
+                                       f"{', '.join(map(repr, PROBE_WORDS))} apart ({n} tokens each, "
+                                       f"chance {1 / len(PROBE_WORDS):.2f}), mean ± std over "
+                                       f"{config['probe_folds']} folds (paper Figs. 7, 12)",
+                                       'layer', accuracy[kind], '{0[0]:.3f} ± {0[1]:.3f}'))
+
     if plt is None:
         print("\npip install matplotlib to get these as PNG figures")
         return
@@ -215,6 +429,7 @@ def main(argv):
         os.makedirs(config['fig_dir'], exist_ok=True)
     except OSError as e:
         fail(f"cannot write figures to {config['fig_dir']}: {e.strerror}")
+    print()  # a blank line between the last table and the figures' names
     for name, weights in routing.items():
         plot_routing(os.path.join(config['fig_dir'], f'routing_{name}.png'), name, weights)
     if retrieval:
@@ -222,6 +437,8 @@ def main(argv):
                     'retrieval by later layers', 'source layer', 'mean routing weight')
     plot_curves(os.path.join(config['fig_dir'], 'entropy.png'), entropy,
                 f"values' matrix entropy (alpha={config['alpha']})", 'layer', 'entropy (nats)')
+    if accuracy:
+        plot_probe(os.path.join(config['fig_dir'], 'probe.png'), accuracy, 1 / len(PROBE_WORDS))
 
 
 if __name__ == '__main__':

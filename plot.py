@@ -32,7 +32,7 @@ except ImportError:
     plt = None
 
 # -----------------------------------------------------------------------------
-mode = 'curves'  # 'curves': losses against step and FLOPs; 'arith': accuracy per operator count; 'depth'
+mode = 'curves'  # 'curves': losses by step and FLOPs; 'arith': accuracy by operator count; 'depth': by layers
 runs = 'out/none,out/static,out/dynamic'  # comma-separated out_dirs or patterns such as out/arith/*
 out = ''  # the PNG to write; '' means figures/loss_curves.png, arith_accuracy.png or arith_depth.png
 n_ops = 6  # depth mode: the operator count whose accuracy is drawn (the paper's hardest tier)

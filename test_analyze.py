@@ -1,6 +1,7 @@
 """
 Tests for analyze.py: its computations on hand-built inputs, and the script as a user runs it, on
-tiny checkpoints trained here: without matplotlib and, where it is installed, with it.
+tiny checkpoints trained here: without matplotlib and, where it is installed, with it; the linear
+probe on fabricated features and, end to end, on untrained checkpoints of GPT-2's vocabulary.
 
     python -m pytest -q test_analyze.py
 """
@@ -11,12 +12,14 @@ import subprocess
 import sys
 from dataclasses import asdict
 
+import numpy as np
 import pytest
 import torch
 
 import analyze
 import prepare
-from analyze import layer_values, matrix_entropy, render_routing, retrieval_by_source
+from analyze import (layer_features, layer_values, matrix_entropy, probe_accuracy, render_routing,
+                     retrieval_by_source, stratified_folds)
 from lime import GPT, GPTConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -24,6 +27,13 @@ ROUTERS = ['none', 'static', 'dynamic']
 # Runs analyze.py as `python analyze.py ARGS` would, but with `import matplotlib` failing.
 WITHOUT_MATPLOTLIB = ("import runpy, sys; sys.modules['matplotlib'] = None; "
                       "runpy.run_path('analyze.py', run_name='__main__')")
+
+
+def save_checkpoint(out_dir, config, model, step, loss):
+    """model saved to out_dir/ckpt.pt as train.py saves it (the keys load_model reads)."""
+    os.makedirs(out_dir)
+    torch.save({'model_args': asdict(config), 'model': model.state_dict(), 'step': step,
+                'best_val_loss': loss, 'config': {}}, os.path.join(out_dir, 'ckpt.pt'))
 
 
 def random_tokens(T, d, rank=None, seed=0):
@@ -148,9 +158,7 @@ def checkpoints(tmp_path_factory):
                 loss.backward()
                 optimizer.step()
             out_dirs.append(str(root / router))
-            os.makedirs(out_dirs[-1])
-            torch.save({'model_args': asdict(config), 'model': model.state_dict(), 'step': 10,
-                        'best_val_loss': loss.item(), 'config': {}}, os.path.join(out_dirs[-1], 'ckpt.pt'))
+            save_checkpoint(out_dirs[-1], config, model, 10, loss.item())
     finally:
         torch.set_num_threads(threads)
     return str(root), ','.join(out_dirs)
@@ -204,3 +212,149 @@ def test_missing_checkpoint_or_validation_shard_stops_with_one_line(checkpoints,
         analyze.main([f'--out_dirs={out_dirs},{tmp_path}/nowhere', f'--data_dir={data_dir}', '--device=cpu'])
     with pytest.raises(SystemExit, match=r'^error: no \*_val_\*\.bin shard in [^\n]*$'):
         analyze.main([f'--out_dirs={out_dirs}', f'--data_dir={tmp_path}', '--device=cpu'])
+
+
+# -----------------------------------------------------------------------------
+# the linear probe
+
+
+def labelled_features(n_per_class, d, separation, seed=0):
+    """(X, labels) for 4 balanced classes: Gaussian noise of width d around a random center per
+    class, the centers `separation` apart in scale (0: the features say nothing of the label)."""
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.arange(4).repeat_interleave(n_per_class)
+    centers = separation * torch.randn(4, d, generator=g)
+    return centers[labels] + torch.randn(len(labels), d, generator=g), labels
+
+
+def test_stratified_folds_share_every_class_evenly_and_depend_on_the_seed():
+    labels = torch.arange(4).repeat_interleave(23)
+    fold = stratified_folds(labels, 5, seed=0)
+    for c in range(4):  # 23 of each class dealt to 5 folds: 5, 5, 5, 4, 4
+        assert sorted(torch.bincount(fold[labels == c], minlength=5).tolist()) == [4, 4, 5, 5, 5]
+    assert torch.equal(fold, stratified_folds(labels, 5, seed=0))
+    assert not torch.equal(fold, stratified_folds(labels, 5, seed=1))
+
+
+def test_probe_tells_linearly_separable_classes_apart():
+    X, labels = labelled_features(50, 8, separation=5.0)
+    mean, std = probe_accuracy(X, labels, folds=5, seed=0)
+    assert mean >= 0.99 and std < 0.02, (mean, std)
+
+
+def test_probe_of_features_unrelated_to_the_labels_is_near_chance():
+    # 64 features for 160 training examples: enough to fit the training folds almost perfectly, so
+    # this also fails if the accuracy were measured on examples the probe was fitted to.
+    X, labels = labelled_features(50, 64, separation=0.0)
+    mean, std = probe_accuracy(X, labels, folds=5, seed=0)
+    assert mean < 0.5, (mean, std)
+    assert probe_accuracy(X, labels, folds=5, seed=0) == (mean, std)  # deterministic
+
+
+@pytest.mark.parametrize('hyper_connections', [0, 2])
+def test_hidden_states_are_each_blocks_output_and_the_last_gives_the_logits(hyper_connections):
+    torch.manual_seed(0)
+    n = hyper_connections
+    model = GPT(GPTConfig(block_size=16, vocab_size=101, n_layer=3, n_head=2, n_embd=16, router='static',
+                          hyper_connections=n)).eval()
+    idx = torch.randint(0, 101, (2, 12))
+    _, hidden = layer_features(model, idx)
+    assert [tuple(h.shape) for h in hidden] == [(2, 12, 16)] * 3
+    with torch.no_grad():
+        logits, _ = model(idx)
+        x, memory = model.wte(idx), []
+        if n:
+            x = x.unsqueeze(2).expand(-1, -1, n, -1)  # (B, T, n, D), as GPT.forward starts them
+        for l, block in enumerate(model.blocks):
+            x = block(x, model.rotary, memory)
+            expected = x.mean(dim=2) if n else x
+            assert (hidden[l] - expected).abs().max().item() < 1e-6, f"layer {l}"
+        # The last hidden state is what the model reads its logits from.
+        assert torch.allclose(model.lm_head(model.ln_f(hidden[-1]))[..., :101], logits, atol=1e-5)
+
+
+def sentences(n, seed=0):
+    """n short English sentences, each with one of ' is', ' are', ' was', ' were' (as agreement
+    wants it) among a few other words: many examples of each of the probe's tokens."""
+    rng = np.random.default_rng(seed)
+    singular, plural = [' The cat', ' It', ' He', ' The house'], [' The dogs', ' They', ' We']
+    adjectives = [' big', ' small', ' red', ' late', ' here', ' tired']
+    text = []
+    for _ in range(n):
+        subjects, verbs = (singular, [' is', ' was']) if rng.random() < 0.5 else (plural, [' are', ' were'])
+        text.append(f"{rng.choice(subjects)}{rng.choice(verbs)}{rng.choice(adjectives)}.")
+    return ''.join(text)
+
+
+@pytest.fixture(scope='module')
+def gpt2_checkpoints(tmp_path_factory):
+    """(root, comma-separated checkpoint dirs): untrained tiny models of GPT-2's vocabulary (routers
+    'none' and 'dynamic'), and in root/data a validation shard of sentences(400), ~2,000 tokens."""
+    root = tmp_path_factory.mktemp('probe')
+    enc = prepare.gpt2_encoding()
+    os.makedirs(root / 'data')
+    prepare.write_shard(str(root / 'data' / 'text_val_000000.bin'), enc.encode_ordinary(sentences(400)))
+    out_dirs = []
+    for router in ('none', 'dynamic'):
+        torch.manual_seed(0)
+        config = GPTConfig(block_size=32, vocab_size=50257, n_layer=2, n_head=2, n_embd=16, router=router)
+        out_dirs.append(str(root / router))
+        save_checkpoint(out_dirs[-1], config, GPT(config), 0, 10.0)
+    return root, ','.join(out_dirs)
+
+
+def test_probe_end_to_end_on_models_of_gpt2s_vocabulary(gpt2_checkpoints, tmp_path, capsys):
+    root, out_dirs = gpt2_checkpoints
+    args = [f'--out_dirs={out_dirs}', f'--data_dir={root / "data"}', f'--fig_dir={tmp_path}', '--device=cpu',
+            '--batch_size=4', '--probe_examples=40']
+    analyze.main(args)
+    stdout = capsys.readouterr().out
+    assert 'note:' not in stdout and 'matrix entropy' in stdout
+    tables = {}
+    for kind in ("the values each layer's attention reads", 'the hidden state (residual stream)'):
+        header, rows = table_after(stdout, f'linear probe on {kind}')
+        assert f'(40 tokens each, chance 0.25), mean ± std over 5 folds' in stdout
+        assert header == ['layer', 'none', 'dynamic'] and [row[0] for row in rows] == ['0', '1']
+        # A row: layer, then 'mean ± std' per checkpoint.
+        assert all(row[2::3] == ['±', '±'] for row in rows), rows
+        cells = [[(float(row[i]), float(row[i + 2])) for i in (1, 4)] for row in rows]
+        assert all(0.0 <= m <= 1.0 and 0.0 <= s <= 1.0 for row in cells for m, s in row), rows
+        tables[kind] = cells
+    # Layer 0's values of a token are a function of that token alone: 4 points, always separable.
+    assert tables["the values each layer's attention reads"][0] == [(1.0, 0.0), (1.0, 0.0)]
+    if analyze.plt is not None:
+        with open(tmp_path / 'probe.png', 'rb') as f:
+            assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+    analyze.main(args + ['--probe=False', f'--fig_dir={tmp_path / "off"}'])
+    stdout = capsys.readouterr().out
+    assert 'linear probe' not in stdout and 'matrix entropy' in stdout
+    assert analyze.plt is None or not (tmp_path / 'off' / 'probe.png').exists()
+
+
+def test_probe_skips_checkpoints_of_another_vocabulary_with_a_note(checkpoints, tmp_path, capsys):
+    data_dir, out_dirs = checkpoints
+    analyze.main([f'--out_dirs={out_dirs}', f'--data_dir={data_dir}', f'--fig_dir={tmp_path}', '--device=cpu',
+                  '--batch_size=4'])
+    stdout = capsys.readouterr().out
+    notes = [line for line in stdout.splitlines() if line.startswith('note:')]
+    assert notes == ["note: the linear probe skips none (vocab_size 128), static (vocab_size 128), dynamic "
+                     "(vocab_size 128): it needs GPT-2's vocabulary, for the tokens ' is', ' are', ' was', ' were'"]
+    assert 'linear probe on' not in stdout
+    assert 'routing of static' in stdout and 'matrix entropy' in stdout  # the rest is all there
+    assert not (tmp_path / 'probe.png').exists()
+
+
+def test_probe_with_too_few_examples_of_a_token_stops_with_one_line(gpt2_checkpoints, tmp_path):
+    root, out_dirs = gpt2_checkpoints
+    enc = prepare.gpt2_encoding()
+    # At the start: the shard's last tokens, short of a whole chunk, are not read.
+    text = ' They were here. We were late. They were red.' + sentences(400).replace(' were', ' had')
+    prepare.write_shard(str(tmp_path / 'text_val_000000.bin'), enc.encode_ordinary(text))
+    args = [f'--out_dirs={out_dirs}', f'--data_dir={tmp_path}', '--device=cpu', '--batch_size=4']
+    with pytest.raises(SystemExit, match=r"^error: .*text_val_000000\.bin holds only 3 ' were' tokens "
+                                         r"[^\n]*probe_folds=5[^\n]*$"):
+        analyze.main(args + [f'--fig_dir={tmp_path}'])
+    with pytest.raises(SystemExit, match=r'^error: probe_folds must be at least 2 [^\n]*$'):
+        analyze.main(args + ['--probe_folds=1'])
+    with pytest.raises(SystemExit, match=r'^error: probe_examples \(3\) must be at least probe_folds [^\n]*$'):
+        analyze.main(args + ['--probe_examples=3'])

@@ -5,6 +5,7 @@ matplotlib), and the three-router comparison end to end at a tiny shape on the C
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -138,3 +139,9 @@ def test_compare_sh_trains_each_router_and_draws_their_curves(tmp_path):
     again = subprocess.run(['bash', 'compare.sh', 'config/small_text.py', *tiny], capture_output=True, text=True,
                            cwd=HERE, env=env, timeout=300)
     assert again.returncode != 0 and 'holds a run' in again.stderr  # the first run is kept, not replaced
+
+
+def test_help_lists_the_keys_with_their_comments():
+    result = plot('--help')
+    assert result.stdout.startswith('plot.py: draw what train.py and arith.py record'), result.stdout
+    assert re.search(r'^  --n_ops=6 +depth mode: the operator count', result.stdout, re.M), result.stdout
