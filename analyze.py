@@ -90,6 +90,32 @@ class StopForward(Exception):
 
 
 @torch.no_grad()
+def capture(model, idx, taps):
+    """Run model on tokens idx (B, T) and keep what its modules see: taps maps a key to (module,
+    keep), and the result maps the key to keep(args, out) of that module's call. The forward pass
+    stops after the last block."""
+    kept = {}
+
+    def tap(key, keep):
+        def hook(module, args, out):
+            kept[key] = keep(args, out)
+        return hook
+
+    def stop(module, args, out):
+        raise StopForward
+
+    hooks = [module.register_forward_hook(tap(key, keep)) for key, (module, keep) in taps.items()]
+    hooks.append(model.blocks[-1].register_forward_hook(stop))  # last: the block's own taps run first
+    try:
+        model(idx)
+    except StopForward:
+        pass
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return kept
+
+
 def layer_features(model, idx):
     """What each layer holds on tokens idx (B, T): (values, hidden), two lists of n_layer tensors.
     values[l] (B, T, G * hs): the values layer l's attention reads. A LIMe layer reads its router's
@@ -98,33 +124,43 @@ def layer_features(model, idx):
     With hyper-connections a block outputs n streams (B, T, n, D): hidden[l] is their mean, which is
     what GPT.forward makes of the last block's streams before its final norm."""
     B, T = idx.shape
-    values, hidden = {}, {}
+    L = len(model.blocks)
 
-    def keep_values(layer):
-        def hook(module, args, out):  # out: router (B, T, 2, G, hs) or kv_proj (B, T, 2 * G * hs)
-            values[layer] = out.reshape(B, T, 2, -1)[:, :, 1]  # (B, T, G * hs); index 0 is the keys
-        return hook
+    def value(args, out):  # out: router (B, T, 2, G, hs) or kv_proj (B, T, 2 * G * hs)
+        return out.reshape(B, T, 2, -1)[:, :, 1]  # (B, T, G * hs); index 0 is the keys
 
-    def keep_hidden(layer):
-        def hook(module, args, out):  # out: (B, T, D), or (B, T, n, D) with hyper-connections
-            hidden[layer] = out.mean(dim=2) if out.dim() == 4 else out
-            if layer == len(model.blocks) - 1:
-                raise StopForward  # every layer's features are in: skip the final norm and logits
-        return hook
+    def hidden(args, out):  # out: (B, T, D), or (B, T, n, D) with hyper-connections
+        return out.mean(dim=2) if out.dim() == 4 else out
 
-    hooks = []
+    taps = {}
     for l, block in enumerate(model.blocks):
-        source = block.attn.router if block.attn.router is not None else block.attn.kv_proj
-        hooks.append(source.register_forward_hook(keep_values(l)))
-        hooks.append(block.register_forward_hook(keep_hidden(l)))
-    try:
-        model(idx)
-    except StopForward:
-        pass
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return [values[l] for l in range(len(model.blocks))], [hidden[l] for l in range(len(model.blocks))]
+        taps['value', l] = (block.attn.router if block.attn.router is not None else block.attn.kv_proj, value)
+        taps['hidden', l] = (block, hidden)
+    kept = capture(model, idx, taps)
+    return [kept['value', l] for l in range(L)], [kept['hidden', l] for l in range(L)]
+
+
+def routing_weights(model, idx):
+    """weights[l, g, m]: the share of layer l's kv head g drawn from source layer m, shape
+    (n_layer, n_kv_head, n_layer); each row sums to 1 and is 0 for m > l (paper Fig. 13).
+    Static: |R| summed per source layer and normalised. Dynamic: the router's probabilities
+    averaged over the tokens idx (B, T). Layers without a router read only themselves."""
+    L, G = model.config.n_layer, model.config.n_kv_head
+    weights = torch.eye(L)[:, None, :].repeat(1, G, 1)  # (L, G, L): layer l reads layer l
+    routers = list(model.routers())  # layers 1 .. L-1
+    if model.config.router == 'static':
+        with torch.no_grad():
+            shares = [router.mix_weights().abs().view(G, l + 1, G).sum(-1) for l, router in enumerate(routers, 1)]
+    elif model.config.router == 'dynamic':  # the router's input h is args[0] of its call
+        def mean_probs(router):  # (G, S): the router's probabilities, averaged over the tokens
+            return lambda args, out: router.mix_weights(args[0]).mean(dim=(0, 1))
+        kept = capture(model, idx, {l: (router, mean_probs(router)) for l, router in enumerate(routers, 1)})
+        shares = [kept[l] for l in range(1, L)]  # (G, l + 1) each
+    else:
+        return weights
+    for l, share in enumerate(shares, 1):
+        weights[l, :, :l + 1] = share.cpu() / share.sum(-1, keepdim=True).cpu()
+    return weights
 
 
 def layer_values(model, idx):
@@ -391,7 +427,7 @@ def main(argv):
     for name, model in models.items():
         entropy[name] = [matrix_entropy(v, config['alpha']).mean().item() for v in layer_values(model, idx)]
         if model.config.router != 'none':  # a baseline layer reads only itself: nothing to show
-            routing[name] = model.routing_weights(idx)  # (n_layer, G, n_layer)
+            routing[name] = routing_weights(model, idx)  # (n_layer, G, n_layer)
             print('\n' + render_routing(name, routing[name]))
     retrieval = {name: retrieval_by_source(w).tolist() for name, w in routing.items()}
     if retrieval:

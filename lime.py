@@ -456,38 +456,6 @@ class GPT(nn.Module):
         return idx
 
     # ------------------------------------------------------------------------------------------
-    # Analysis: how much each layer reads from each earlier layer
-
-    @torch.no_grad()
-    def routing_weights(self, idx=None):
-        """weights[l, g, m]: the share of layer l's kv head g drawn from source layer m, shape
-        (n_layer, n_kv_head, n_layer); each row sums to 1 and is 0 for m > l (paper Fig. 13).
-        Static: |R| summed per source layer and normalised. Dynamic: probabilities averaged over
-        the tokens of idx (B, T), which it needs. Layers without a router read only themselves."""
-        L, G = self.config.n_layer, self.config.n_kv_head
-        weights = torch.zeros(L, G, L)
-        for l in range(L):
-            weights[l, :, l] = 1.0
-        if self.config.router == 'static':
-            for l, router in enumerate(self.routers(), start=1):
-                per_layer = router.mix_weights().abs().view(G, l + 1, G).sum(-1)  # (G, S)
-                weights[l, :, :l + 1] = per_layer / per_layer.sum(-1, keepdim=True)
-        elif self.config.router == 'dynamic':
-            if idx is None:
-                raise ValueError("the dynamic router's weights depend on the tokens: pass idx")
-            captured = []
-            hooks = [r.register_forward_hook(lambda r, args, out: captured.append(
-                r.mix_weights(args[0]).mean(dim=(0, 1)))) for r in self.routers()]  # (G, S) each
-            try:
-                self(idx)
-            finally:
-                for hook in hooks:
-                    hook.remove()
-            for l, probs in enumerate(captured, start=1):
-                weights[l, :, :l + 1] = probs.cpu()
-        return weights
-
-    # ------------------------------------------------------------------------------------------
     # Training helpers: optimizer groups, FLOPs and MFU
 
     def configure_optimizers(self, weight_decay, learning_rate, router_lr, betas=(0.9, 0.95),

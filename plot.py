@@ -118,8 +118,8 @@ def color(name, i):
 
 def plot_curves(runs):
     """Train and validation loss against step (top) and against training FLOPs (bottom)."""
-    groups, configs = by_setting(runs, depth=False)
-    rows, series = [], []
+    groups, _ = by_setting(runs, depth=False)
+    rows, series, last_val = [], [], {}
     for i, (name, members) in enumerate(groups.items()):
         for j, run in enumerate(members):
             header, records = read_log(run)
@@ -132,9 +132,14 @@ def plot_curves(runs):
             style = ('-', '--', ':', '-.')[j % 4]  # a setting's seeds: one colour, a dash pattern each
             series.append((label, color(name, i), style, flops_per_step, train, val))
             last = f"{val[-1][1]:.4f} (step {val[-1][0]})" if val else '-'
+            last_val.setdefault(name, []).extend(val[-1:])
             rows.append([label, run, f"{header['params'] / 1e6:.2f}M", last,
                          f"{min(v for _, v in val):.4f}" if val else '-'])
     print(markdown(['run', 'out_dir', 'parameters', 'last val loss', 'best val loss'], rows))
+    if any(len(members) > 1 for members in groups.values()):  # and over each setting's seeds
+        print('\n' + markdown(['setting', 'seeds', 'last val loss, mean ± std'], [
+            [name, str(len(points)), '{:.4f} ± {:.4f}'.format(*mean_std([v for _, v in points]))]
+            for name, points in last_val.items() if points]))
     if plt is None:
         return None
     fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharey='col')
@@ -173,7 +178,7 @@ def plot_arith(runs):
         ax.plot(ks, [statistics.mean(v) for v in values], marker='o', color=color(name, i),
                 label=f"{name} ({len(results)} seeds)")
         ax.fill_between(ks, [min(v) for v in values], [max(v) for v in values], color=color(name, i), alpha=0.2)
-    ax.set(title='arithmetic expressions: exact match', xlabel='operators (operands - 1)',
+    ax.set(title='arithmetic expressions: exact match', xlabel="operators (the paper's tiers, see arith.py)",
            ylabel='accuracy on held-out expressions (%)', xticks=counts, ylim=(0, 100))
     ax.legend()
     return fig

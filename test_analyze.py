@@ -19,7 +19,7 @@ import torch
 import analyze
 import prepare
 from analyze import (layer_features, layer_values, matrix_entropy, probe_accuracy, render_routing,
-                     retrieval_by_source, stratified_folds)
+                     retrieval_by_source, routing_weights, stratified_folds)
 from lime import GPT, GPTConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -102,6 +102,28 @@ def test_routing_text_shows_percentages_and_leaves_later_sources_blank():
     assert rows['0.0'].split()[:2] == ['0.0', '100'] and rows['0.0'].endswith('|@  |')
     assert rows['1.0'].split()[:3] == ['1.0', '20', '80'] and rows['1.0'].endswith('|-# |')
     assert rows['2.1'].split()[:4] == ['2.1', '50', '10', '40'] and rows['2.1'].endswith('|+:=|')
+
+
+@pytest.mark.parametrize('router', ROUTERS)
+def test_routing_weights_are_distributions_over_earlier_layers(router):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=16, vocab_size=101, n_layer=4, n_head=4, n_embd=32, router=router)).eval()
+    for block in model.blocks[1:] if router != 'none' else []:  # away from the init, so the test can fail
+        torch.nn.init.normal_(block.attn.router.proj.weight if router == 'dynamic' else block.attn.router.weight)
+    idx = torch.randint(0, 101, (2, 16))
+    weights = routing_weights(model, idx)
+    L = model.config.n_layer
+    assert weights.shape == (L, 4, L)
+    assert torch.allclose(weights.sum(-1), torch.ones(L, 4), atol=1e-6), 'rows must sum to 1'
+    later = torch.ones(L, L).triu(diagonal=1).bool()  # [l, m] is True where m > l
+    assert torch.all(weights.permute(1, 0, 2)[:, later] == 0), "a layer reads a later layer"
+    if router == 'dynamic':  # by hand for the last layer: its router's probabilities, averaged over the tokens
+        h, memory = model.wte(idx), []
+        with torch.no_grad():
+            for block in model.blocks[:-1]:
+                h = block(h, model.rotary, memory)
+            probs = model.blocks[-1].attn.router.mix_weights(model.blocks[-1].ln_1(h)).mean(dim=(0, 1))
+        assert torch.allclose(weights[-1], probs, atol=1e-6)
 
 
 @pytest.mark.parametrize('router', ROUTERS)

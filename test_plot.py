@@ -62,10 +62,11 @@ def runs(tmp_path):
 def test_loss_curves_are_drawn_with_a_row_per_run(runs, tmp_path):
     four_layers = [d for (r, s, n), d in runs.items() if n == 4]
     result = plot(f"--runs={','.join(four_layers)}", f'--out={tmp_path / "curves.png"}')
-    rows = [line for line in result.stdout.splitlines() if line.startswith('| ') and 'seed' in line]
+    rows = [line for line in result.stdout.splitlines() if line.startswith('| ') and ' seed ' in line]
     assert [row.split(' | ')[0] for row in rows] == ['| none seed 1', '| none seed 2', '| static seed 1',
                                                      '| static seed 2']
     assert '2.1000 (step 100)' in rows[0] and '2.2000 (step 100)' in rows[1]  # the last val loss
+    assert '| none | 2 | 2.1500 ± 0.0707 |' in result.stdout, result.stdout  # mean ± std over the seeds
     with open(tmp_path / 'curves.png', 'rb') as f:
         assert f.read(8) == b'\x89PNG\r\n\x1a\n'
 
