@@ -118,7 +118,7 @@ def test_killed_run_resumes_exactly_like_an_uninterrupted_one(data_dir, tmp_path
 
 def test_resume_takes_the_model_data_and_schedule_from_the_checkpoint(data_dir, tmp_path):
     out = tmp_path / 'out'
-    train(data_dir, out, '--block_size=16', '--max_iters=2', '--eval_interval=2')
+    train(data_dir, out, '--block_size=16', '--max_iters=2', '--eval_interval=2', '--rope_base=500000')
     # Only what differs is given: block_size 16 and the data_dir come from the checkpoint, not the
     # defaults (1024 and data/fineweb_edu), and the changed max_iters is said.
     result = run('train.py', f'--out_dir={out}', '--init_from=resume', '--device=cpu', '--max_iters=4')
@@ -126,6 +126,7 @@ def test_resume_takes_the_model_data_and_schedule_from_the_checkpoint(data_dir, 
     assert '4 batch x 16 block' in result.stdout
     checkpoint = torch.load(out / 'ckpt.pt')
     assert checkpoint['step'] == 4 and checkpoint['model_args']['block_size'] == 16
+    assert checkpoint['model_args']['rope_base'] == 500000.0  # every GPTConfig field is a train.py key
     assert checkpoint['config']['data_dir'] == str(data_dir)
     assert logged_steps(out) == [(0, 'val'), (1, 'train'), (2, 'train'), (2, 'val'), (3, 'train'),
                                  (4, 'train'), (4, 'val')]

@@ -58,6 +58,7 @@ n_kv_head = 0  # key/value heads (grouped-query attention when fewer); 0 means n
 n_embd = 768  # width of the residual stream
 mlp_hidden = 0  # SwiGLU hidden width; 0 means 4 * n_embd
 block_size = 1024  # tokens per sequence
+rope_base = 10000.0  # RoPE wavelength base, as in LLaMA
 router = 'static'  # 'none' (LLaMA baseline), 'static' or 'dynamic' (LIMe)
 router_top_p = 1.0  # prune routing weights to this share of their mass; 1 = off
 hyper_connections = 0  # hyper-connections (the paper's other baseline): 0 = off, else n streams (paper: 4)
@@ -92,7 +93,7 @@ check_values(config, {
     'path': ['out_dir', 'data_dir'],
     'positive': ['eval_interval', 'eval_iters', 'log_interval', 'n_layer', 'n_head', 'n_embd', 'block_size',
                  'vocab_size', 'batch_size', 'gradient_accumulation_steps', 'learning_rate', 'max_iters',
-                 'peak_flops', 'mc_examples'],
+                 'peak_flops', 'mc_examples', 'rope_base'],
     'non-negative': ['n_kv_head', 'mlp_hidden', 'hyper_connections', 'router_lr', 'weight_decay', 'grad_clip',
                      'warmup_iters', 'lr_decay_iters', 'min_lr', 'mc_interval'],
     'fraction': ['router_top_p'], 'below one': ['beta1', 'beta2'], 'seed': ['seed'], 'device': ['device'],
@@ -128,8 +129,7 @@ def log(*args):
 # evaluation settings, unless given again (then the log says what changed). What belongs to this
 # machine and this process is today's: where the run lives, the device, dtype, compile and fused.
 
-model_keys = ['n_layer', 'n_head', 'n_kv_head', 'n_embd', 'mlp_hidden', 'block_size', 'router',
-              'router_top_p', 'vocab_size', 'hyper_connections', 'hc_dynamic']
+model_keys = [f.name for f in fields(GPTConfig) if f.name != 'fused']  # fused: how, not what, to compute
 own_keys = {'out_dir', 'init_from', 'overwrite', 'device', 'dtype', 'compile', 'fused', 'peak_flops'}
 ckpt_path = os.path.join(out_dir, 'ckpt.pt')
 checkpoint = None
