@@ -8,6 +8,7 @@ probe on fabricated features and, end to end, on untrained checkpoints of GPT-2'
 import importlib.util
 import math
 import os
+import re
 import subprocess
 import sys
 from dataclasses import asdict
@@ -366,16 +367,18 @@ def test_probe_skips_checkpoints_of_another_vocabulary_with_a_note(checkpoints, 
     assert not (tmp_path / 'probe.png').exists()
 
 
-def test_probe_with_too_few_examples_of_a_token_stops_with_one_line(gpt2_checkpoints, tmp_path):
+def test_probe_with_too_few_examples_of_a_token_is_skipped_with_a_note(gpt2_checkpoints, tmp_path, capsys):
     root, out_dirs = gpt2_checkpoints
     enc = prepare.gpt2_encoding()
     # At the start: the shard's last tokens, short of a whole chunk, are not read.
     text = ' They were here. We were late. They were red.' + sentences(400).replace(' were', ' had')
     prepare.write_shard(str(tmp_path / 'text_val_000000.bin'), enc.encode_ordinary(text))
     args = [f'--out_dirs={out_dirs}', f'--data_dir={tmp_path}', '--device=cpu', '--batch_size=4']
-    with pytest.raises(SystemExit, match=r"^error: .*text_val_000000\.bin holds only 3 ' were' tokens "
-                                         r"[^\n]*probe_folds=5[^\n]*$"):
-        analyze.main(args + [f'--fig_dir={tmp_path}'])
+    analyze.main(args + [f'--fig_dir={tmp_path}'])
+    stdout = capsys.readouterr().out
+    assert re.search(r"^note: the linear probe is skipped: .*text_val_000000\.bin holds only 3 ' were' tokens "
+                     r"[^\n]*probe_folds=5[^\n]*$", stdout, re.M), stdout
+    assert 'matrix entropy' in stdout and 'linear probe on' not in stdout  # the rest of the analysis is there
     with pytest.raises(SystemExit, match=r'^error: probe_folds must be at least 2 [^\n]*$'):
         analyze.main(args + ['--probe_folds=1'])
     with pytest.raises(SystemExit, match=r'^error: probe_examples \(3\) must be at least probe_folds [^\n]*$'):
