@@ -142,7 +142,7 @@ def plot_curves(runs):
             for name, points in last_val.items() if points]))
     if plt is None:
         return None
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharey='col')
+    fig, axes = plt.subplots(2, 2, figsize=(9, 6.3), sharey='col')
     for label, c, style, flops_per_step, train, val in series:
         for col, points in enumerate((train, val)):
             if points:
