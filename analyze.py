@@ -18,16 +18,15 @@ With matplotlib installed (pip install matplotlib) it also writes them as PNGs t
 routing_<name>.png per LIMe checkpoint, retrieval.png, entropy.png and probe.png, a checkpoint
 being named by its directory's basename.
 """
-import glob
 import os
-import sys
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from configurator import apply_overrides, check_values, fail, load_model
-from prepare import InputError, gpt2_encoding, read_shard
+from configurator import configure, fail, or_fail
+from lime import load_model
+from prepare import gpt2_encoding, read_shard, shard_paths
 
 try:  # optional: without it the tables are all there is
     import matplotlib
@@ -49,8 +48,6 @@ probe = True  # run the linear probe (checkpoints of GPT-2's vocabulary only); F
 probe_examples = 300  # the probe's examples of each token, at most (fewer if the shard holds fewer)
 probe_folds = 5  # cross-validation folds of the probe: each holds out 1/probe_folds of the examples
 # -----------------------------------------------------------------------------
-DEFAULTS = {k: v for k, v in globals().items()
-            if not k.startswith('_') and type(v) in (int, float, bool, str)}
 SHADES = '.:-=+*#%@'  # a routing weight w in [0, 1] is drawn as SHADES[round(8 w)]; darker = more
 GPT2_VOCAB = 50257  # GPT-2's BPE vocabulary, <|endoftext|> included: the probe's tokens are in it
 PROBE_WORDS = (' is', ' are', ' was', ' were')  # the probe's classes: one GPT-2 token each
@@ -279,10 +276,7 @@ def probe_layers(models, tokens, path, T, limit, folds, seed, device):
     validation shard's tokens (at path), read in chunks of T: {'values': curves, 'hidden states':
     curves}, curves mapping each name to its layers' (mean, std) held-out accuracies; and the
     number of examples of each class."""
-    try:
-        enc = gpt2_encoding()
-    except InputError as e:
-        fail(str(e))
+    enc = or_fail(gpt2_encoding)
     classes = {}
     for word in PROBE_WORDS:
         ids = enc.encode_ordinary(word)
@@ -383,13 +377,8 @@ def save(fig, path):
 
 def validation_shard(data_dir):
     """(path, tokens) of the validation shard in data_dir, or one line saying why there is none."""
-    files = sorted(glob.glob(os.path.join(data_dir, '*_val_*.bin')))
-    if not files:
-        fail(f"no *_val_*.bin shard in {data_dir}/ (write one with prepare.py, or set --data_dir)")
-    try:
-        return files[0], read_shard(files[0])
-    except ValueError as e:  # read_shard's message names the file and the problem
-        fail(str(e))
+    path = or_fail(shard_paths, data_dir, 'val')[0]
+    return path, or_fail(read_shard, path)
 
 
 def validation_batch(data_dir, batch_size, T, seed):
@@ -401,12 +390,10 @@ def validation_batch(data_dir, batch_size, T, seed):
     return torch.stack([torch.from_numpy(tokens[s:s + T].astype(np.int64)) for s in starts.tolist()])
 
 
-def main(argv):
-    config = dict(DEFAULTS)
-    apply_overrides(config, argv)
-    check_values(config, {'text': ['out_dirs'], 'path': ['data_dir', 'fig_dir'],
-                          'positive': ['batch_size', 'alpha', 'probe_examples', 'probe_folds'],
-                          'device': ['device'], 'seed': ['seed']})
+def main(argv=None):
+    config, _, _ = configure(globals(), {'text': ['out_dirs'], 'path': ['data_dir', 'fig_dir'],
+                                         'positive': ['batch_size', 'alpha', 'probe_examples', 'probe_folds'],
+                                         'device': ['device'], 'seed': ['seed']}, argv)
     if config['probe'] and config['probe_folds'] < 2:
         fail(f"probe_folds must be at least 2 (one fold to test on, the others to fit), got {config['probe_folds']}")
     if config['probe'] and config['probe_examples'] < config['probe_folds']:
@@ -417,7 +404,7 @@ def main(argv):
     if not dirs or len(set(names)) < len(names):
         fail(f"--out_dirs needs one or more directories with different basenames, got {config['out_dirs']!r}")
     # All loaded at once: analysis models are small, and the sequence length depends on all of them.
-    models = {name: load_model(os.path.join(d, 'ckpt.pt'), config['device'])[0]
+    models = {name: or_fail(load_model, os.path.join(d, 'ckpt.pt'), config['device'])[0]
               for name, d in zip(names, dirs)}
     # Entropy depends on the number of tokens (it is at most log(T - 1)): use one T for all.
     T = min(model.config.block_size for model in models.values())
@@ -486,4 +473,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-    main(sys.argv[1:])
+    main()

@@ -45,15 +45,15 @@ What the paper states, and what is chosen here where it does not:
 import json
 import os
 import random
-import sys
 import time
 from collections import defaultdict
 
 import numpy as np
 import torch
 
-from configurator import apply_overrides, check_values, fail, load_model
-from prepare import read_shard, write_shard
+from configurator import configure, fail, or_fail, read_json
+from lime import load_model
+from prepare import read_shard, shard_path, shard_paths, write_shard
 
 # -----------------------------------------------------------------------------
 mode = 'prepare'  # 'prepare': write the data set; 'eval': score a checkpoint
@@ -191,7 +191,7 @@ def run_prepare(task):
     t0 = time.time()
     for name, per_ops, index in (('val', val_per_ops, 0), ('train', train_per_ops, 1)):
         tokens = encode(split_text(name, per_ops, task))
-        write_shard(os.path.join(out_dir, f"arith_{name}_{index:06d}.bin"), tokens)
+        write_shard(shard_path(out_dir, 'arith', name, index), tokens)
         print(f"{name}: {len(tokens):,} tokens, {per_ops} examples per operator count")
     with open(os.path.join(out_dir, 'task.json'), 'w') as f:
         json.dump(task, f, indent=1)
@@ -207,25 +207,17 @@ def read_task(data_dir):
     path = os.path.join(data_dir, 'task.json')
     if not os.path.isfile(path):
         fail(f"{path} not found: the checkpoint was not trained on `arith.py --mode=prepare` data")
-    try:
-        with open(path) as f:
-            task = json.load(f)
-    except (OSError, ValueError) as e:
-        fail(f"{path}: could not read it ({e})")
+    task = read_json(path, 'task file')
     if not isinstance(task, dict) or not {'seed', 'modulus', 'min_ops', 'max_ops', 'cot'} <= task.keys():
         fail(f"{path} is not the task.json that `arith.py --mode=prepare` writes")
     return task
 
 
 def training_expressions(data_dir):
-    """Every expression in the training shard, to tell held-out test expressions from seen ones."""
-    path = os.path.join(data_dir, 'arith_train_000001.bin')
-    try:
-        lines = decode(read_shard(path)).split(END)
-    except (OSError, ValueError) as e:  # missing, or not a whole shard: read_shard names the problem
-        fail(str(e))
-    except IndexError:  # ids past VOCAB
-        fail(f"{path} holds tokens that are not this task's characters")
+    """Every expression in the training shards, to tell held-out test expressions from seen ones."""
+    lines = []
+    for path in or_fail(shard_paths, data_dir, 'train'):
+        lines += decode(or_fail(read_shard, path, len(VOCAB))).split(END)  # ids past VOCAB: not this task's
     return {line.split('=', 1)[0] for line in lines}
 
 
@@ -276,7 +268,7 @@ def share(part, whole):
 
 
 def run_eval(given):
-    model, checkpoint = load_model(os.path.join(ckpt_dir, 'ckpt.pt'), device)
+    model, checkpoint = or_fail(load_model, os.path.join(ckpt_dir, 'ckpt.pt'), device)
     if model.config.vocab_size != len(VOCAB):
         fail(f"the checkpoint's vocab_size is {model.config.vocab_size}, not this task's "
              f"{len(VOCAB)}: train it with config/arith.py")
@@ -314,13 +306,10 @@ def run_eval(given):
 
 
 def main():
-    # The settings are the plain lowercase values at the top (UPPERCASE names are fixed constants).
-    config = {k: v for k, v in globals().items()
-              if k.islower() and not k.startswith('_') and type(v) in (int, float, bool, str)}
-    given = apply_overrides(config, sys.argv[1:])
-    check_values(config, {('prepare', 'eval'): ['mode'], 'path': ['out_dir', 'ckpt_dir'], 'seed': ['seed'],
-                          'positive': ['modulus', 'min_ops', 'max_ops', 'train_per_ops', 'val_per_ops',
-                                       'eval_per_ops', 'eval_batch'], 'device': ['device']})
+    # The settings are the lowercase values at the top (UPPERCASE names are fixed constants).
+    config, given, _ = configure(globals(), {
+        ('prepare', 'eval'): ['mode'], 'path': ['out_dir', 'ckpt_dir'], 'seed': ['seed'], 'device': ['device'],
+        'positive': ['modulus', 'min_ops', 'max_ops', 'train_per_ops', 'val_per_ops', 'eval_per_ops', 'eval_batch']})
     globals().update(config)
     if not 1 <= min_ops <= max_ops:
         fail(f"need 1 <= min_ops <= max_ops, got {min_ops} and {max_ops}")

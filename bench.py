@@ -24,7 +24,7 @@ from datetime import date
 
 import torch
 
-from configurator import apply_overrides, check_values, fail, resolve_device
+from configurator import configure, fail, or_fail
 from lime import GPT, ROUTERS, GPTConfig
 
 SHAPES = {  # name: (GPTConfig fields, batch size)
@@ -50,15 +50,13 @@ compile = True  # on a CPU the default becomes False
 peak_flops = 989e12  # bf16 dense peak of one H100 SXM, for MFU
 bandwidth = 3.0e12  # memory bandwidth for the routing floor, bytes/s (measured on an H100: ~3 TB/s)
 # -----------------------------------------------------------------------------
-config = {k: v for k, v in globals().items() if not k.startswith('_') and type(v) in (int, float, bool, str, type(None))}
-given = apply_overrides(config, sys.argv[1:])
-check_values(config, {
+config, given, autocast = configure(globals(), {
     'text': ['shape', 'routers'],  # checked against SHAPES and ROUTERS below
     'positive': ['steps', 'warmup', 'hyper_connections', 'peak_flops', 'bandwidth'],
     'non-negative': ['batch_size'],
     'device': ['device'], ('bfloat16', 'float32'): ['dtype'],
 })
-device_type, autocast = resolve_device(config, given)
+device_type = 'cuda' if config['device'].startswith('cuda') else 'cpu'
 if device_type == 'cpu' and 'shape' not in given:
     config['shape'] = 'tiny'  # the GPU shapes take many GB and minutes per step on a CPU
 globals().update(config)
@@ -84,8 +82,6 @@ for name in router_list:
     if router not in ROUTERS or (plain and router == 'none') or name.startswith('none-'):
         fail(f"routers: {name!r} is not one of {', '.join(ROUTERS)}, hc (or static-plain, dynamic-plain, "
              "static-hc, dynamic-hc, static-hc-plain, ...)")
-torch.backends.cuda.matmul.allow_tf32 = True
-torch.backends.cudnn.allow_tf32 = True
 
 
 def routing_bytes(model, B, T, element_size):
@@ -110,11 +106,8 @@ def measure(model_args, B, name):
     torch.manual_seed(0)
     torch._dynamo.reset()  # each router compiles afresh, with nothing cached from the last
     router, hc, plain = parse_row(name)
-    try:
-        model = GPT(GPTConfig(router=router, hyper_connections=hc, fused=False if plain else fused,
-                              **model_args)).to(device)
-    except ValueError as e:
-        fail(str(e))
+    model = GPT(or_fail(GPTConfig, router=router, hyper_connections=hc, fused=False if plain else fused,
+                        **model_args)).to(device)
     optimizer = model.configure_optimizers(0.1, 1e-3, 1e-2, fused=device_type == 'cuda')
     step_model = torch.compile(model) if compile else model
     T = model_args['block_size']

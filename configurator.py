@@ -1,6 +1,7 @@
 """
-configurator.py: what the scripts share: command-line overrides (nanoGPT style), one-line errors,
-the checks every key's value must pass, the device, and reading checkpoints and their models.
+configurator.py: how every script starts: its settings (the defaults block at its top, then
+command-line overrides, nanoGPT style), the checks every value must pass, the device, and
+one-line errors instead of tracebacks. A script calls configure() once; see its docstring.
 
     python train.py config/cpu_demo.py --router=dynamic --learning_rate=3e-4
     python train.py --help                       # every key, its default and what it means
@@ -13,6 +14,7 @@ range (check_values); anything else stops the script with one line naming the pr
 import ast
 import difflib
 import io
+import json
 import math
 import os
 import sys
@@ -22,7 +24,32 @@ from contextlib import nullcontext
 
 import torch
 
-from lime import GPT, GPTConfig
+PLAIN = (int, float, bool, str, type(None))  # the types a setting may have
+
+
+def configure(namespace, kinds, argv=None):
+    """Start a script: returns (config, given, autocast). namespace holds the script's defaults: its
+    lowercase names bound to plain values (numbers, text, True/False, None); scripts pass globals().
+    argv (default: the command line) updates them (apply_overrides), and every value is checked
+    against kinds (check_values). config is the settings, a dict (namespace is left as it was); given,
+    the keys argv set. With a 'device' key the device is set up: on a CPU, dtype and compile default
+    to float32 and False unless given (CPUs have no fast bfloat16 matmuls, and compiling rarely pays
+    off there); on a GPU, float32 matmuls may use TF32. autocast is the context to run the model in
+    for the dtype: bfloat16 autocast, or nothing."""
+    config = {k: v for k, v in namespace.items() if k.islower() and not k.startswith('_') and type(v) in PLAIN}
+    given = apply_overrides(config, sys.argv[1:] if argv is None else argv)
+    check_values(config, kinds)
+    if 'device' not in config:
+        return config, given, nullcontext()
+    device_type = 'cuda' if config['device'].startswith('cuda') else 'cpu'
+    if device_type == 'cpu':
+        config.update({key: value for key, value in (('dtype', 'float32'), ('compile', False))
+                       if key in config and key not in given})
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = True  # only float32 work is affected; bf16 is unchanged
+        torch.backends.cudnn.allow_tf32 = True
+    bf16 = config.get('dtype') == 'bfloat16'
+    return config, given, torch.autocast(device_type, dtype=torch.bfloat16) if bf16 else nullcontext()
 
 
 def fail(message):
@@ -34,6 +61,15 @@ def fail(message):
         time.sleep(2)
         raise SystemExit(1)
     raise SystemExit(f"error: {message}")
+
+
+def or_fail(call, *args, **kwargs):
+    """call(*args, **kwargs), with a ValueError it raises (lime.py's and prepare.py's checks raise
+    them, with a message for the user) turned into fail's one line."""
+    try:
+        return call(*args, **kwargs)
+    except ValueError as e:
+        fail(str(e))
 
 
 def parse_value(text):
@@ -74,6 +110,16 @@ def read_text(path, what):
         fail(f"{what} {path}: not UTF-8 text ({e.reason} at byte {e.start})")
     except OSError as e:
         fail(f"{what} {path}: could not read it ({e.strerror})")
+
+
+def read_json(path, what, lines=False):
+    """The JSON value in a file (what it is: 'log', ...), or with lines a list of one per non-blank line,
+    or one line saying why it cannot be read."""
+    text = read_text(path, what)
+    try:
+        return [json.loads(line) for line in text.splitlines() if line.strip()] if lines else json.loads(text)
+    except ValueError as e:
+        fail(f"{what} {path}: not {'one JSON value a line' if lines else 'JSON'} ({e})")
 
 
 def read_config_file(path, config):
@@ -202,49 +248,3 @@ def check_device(device):
              "use --device=cpu")
     if colon and int(index) >= torch.cuda.device_count():
         fail(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s), numbered from 0")
-
-
-def resolve_device(config, given):
-    """(device_type, autocast context) from config's device and dtype. On a CPU, dtype and compile
-    default to float32 and False unless given: CPUs have no fast bfloat16 matmuls, and compiling
-    there rarely pays off. Updates config in place."""
-    check_device(config['device'])
-    device_type = 'cuda' if config['device'].startswith('cuda') else 'cpu'
-    if device_type == 'cpu':
-        config['dtype'] = config['dtype'] if 'dtype' in given else 'float32'
-        if 'compile' in config and 'compile' not in given:
-            config['compile'] = False
-    if config['dtype'] not in ('float32', 'bfloat16'):
-        fail(f"dtype must be 'float32' or 'bfloat16', got {config['dtype']!r}")
-    bf16 = config['dtype'] == 'bfloat16'
-    return device_type, torch.autocast(device_type, dtype=torch.bfloat16) if bf16 else nullcontext()
-
-
-def load_checkpoint(path, device, keys=('model', 'model_args', 'step', 'best_val_loss')):
-    """The dict train.py saved at path, holding at least keys, with a one-line error if it is missing,
-    unreadable or something else. device must have passed check_device: then a failure is the file's."""
-    if not os.path.isfile(path):
-        fail(f"no checkpoint at {path} (train.py writes one to its out_dir)")
-    try:
-        checkpoint = torch.load(path, map_location=device)
-    except Exception as e:  # torch's messages run to many lines: keep the last, most specific one
-        lines = [line for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
-        fail(f"could not read checkpoint {path} (damaged, or not saved by train.py): {lines[-1].strip()}")
-    missing = [key for key in keys if not isinstance(checkpoint, dict) or key not in checkpoint]
-    if missing:
-        fail(f"{path} is not a checkpoint saved by train.py: it lacks {', '.join(missing)}")
-    return checkpoint
-
-
-def load_model(path, device, fused=None):
-    """The model in the checkpoint at path, in eval mode on device, and the checkpoint itself.
-    fused (see GPTConfig) is how to compute LIMe's mix here, whatever the training run used."""
-    checkpoint = load_checkpoint(path, device)
-    try:
-        model = GPT(GPTConfig(**{**checkpoint['model_args'], 'fused': fused}))
-        model.load_state_dict(checkpoint['model'])
-    except (TypeError, ValueError, RuntimeError) as e:  # saved by another version of lime.py?
-        fail(f"{path}: its model does not load into this lime.py: {str(e).splitlines()[0]}")
-    print(f"loaded {path}: step {checkpoint['step']}, router={model.config.router}, "
-          f"val loss {checkpoint['best_val_loss']:.4f}", file=sys.stderr)
-    return model.eval().to(device), checkpoint

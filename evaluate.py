@@ -32,8 +32,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from configurator import apply_overrides, check_values, fail, load_model, read_text, resolve_device
-from prepare import EOT, InputError, gpt2_encoding, read_shard
+from configurator import configure, fail, or_fail, read_text
+from lime import load_model
+from prepare import EOT, InputError, gpt2_encoding, read_shard, shard_paths
 
 # -----------------------------------------------------------------------------
 out_dir = 'out'  # the directory holding ckpt.pt
@@ -134,10 +135,7 @@ def task_tokenizer(vocab_size):
     if vocab_size != EOT + 1:
         fail(f"the model's vocab_size is {vocab_size}, not GPT-2's {EOT + 1}: tasks are tokenized with "
              "GPT-2's BPE")
-    try:
-        return gpt2_encoding()
-    except InputError as e:
-        fail(str(e))
+    return or_fail(gpt2_encoding)
 
 
 def encode_example(enc, example, block_size):
@@ -236,33 +234,18 @@ def bits_per_byte(model, tokens, byte_lengths, block_size, batch_size, device, a
 
 def val_shard(model):
     """The first validation shard in data_dir, its token ids checked against the model's vocabulary."""
-    files = sorted(f for f in os.listdir(data_dir) if '_val_' in f and f.endswith('.bin')) \
-        if os.path.isdir(data_dir) else []
-    if not files:
-        fail(f"no *_val_*.bin shard in {data_dir}/ (prepare.py writes one)")
-    path = os.path.join(data_dir, files[0])
-    try:
-        tokens = read_shard(path)
-    except ValueError as e:
-        fail(str(e))
+    path = or_fail(shard_paths, data_dir, 'val')[0]
+    tokens = or_fail(read_shard, path, model.config.vocab_size)
     if len(tokens) <= model.config.block_size:
         fail(f"{path} holds {len(tokens)} tokens, fewer than one sequence of block_size + 1")
-    if int(tokens.max()) >= model.config.vocab_size:
-        fail(f"{path} holds token id {int(tokens.max())}, but the model's vocab_size is "
-             f"{model.config.vocab_size}")
     return path, tokens
 
 
 def main():
-    # The settings are the lowercase values at the top.
-    config = {k: v for k, v in globals().items()
-              if k.islower() and not k.startswith('_') and type(v) in (int, float, bool, str, type(None))}
-    given = apply_overrides(config, sys.argv[1:])
-    check_values(config, {'path': ['out_dir', 'cache_dir', 'hellaswag_url'],
-                          'text': ['task', 'train_file', 'data_dir'], 'positive': ['batch_size'],
-                          'non-negative': ['max_examples', 'shots'],
-                          'seed': ['seed'], 'device': ['device'], ('bfloat16', 'float32'): ['dtype']})
-    device_type, autocast = resolve_device(config, given)
+    config, _, autocast = configure(globals(), {
+        'path': ['out_dir', 'cache_dir', 'hellaswag_url'], 'text': ['task', 'train_file', 'data_dir'],
+        'positive': ['batch_size'], 'non-negative': ['max_examples', 'shots'], 'seed': ['seed'],
+        'device': ['device'], ('bfloat16', 'float32'): ['dtype']})
     globals().update(config)
     if not task and not data_dir:
         fail("nothing to evaluate: give --task, --data_dir, or both")
@@ -270,7 +253,7 @@ def main():
         fail(f"--shots={shots} needs --train_file, a task file of solved examples to draw them from")
     paths = (task_file(task), task_file(train_file or task, 'train') if shots else None) if task else None
 
-    model, checkpoint = load_model(os.path.join(out_dir, 'ckpt.pt'), device, fused)
+    model, checkpoint = or_fail(load_model, os.path.join(out_dir, 'ckpt.pt'), device, fused)
     block_size = model.config.block_size
     result = {'out_dir': out_dir, 'step': checkpoint['step']}
     if data_dir:

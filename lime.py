@@ -14,6 +14,10 @@ What differs from a plain GPT (nanoGPT's model.py):
   and writes back into (HyperConnection). It combines with any router.
 - generate() keeps a KV cache of the *routed* keys/values: the same size as the baseline's.
 
+The file reads top down: the config; LIMe (the layer memory, the two routers, and the attention
+that appends to the memory and reads the routed mix); the LLaMA parts; the GPT that ties them
+together; checkpoints, whose format is written and read here only.
+
 Shapes: B batch, T time, D width (n_embd), H query heads, G key/value heads, hs head size,
 S source layers a router reads (l + 1 at layer l). Keys and values travel together as one
 tensor kv of shape (B, T, 2, G, hs), because a router mixes both with the same weights.
@@ -23,7 +27,9 @@ Einsum letters: b batch, t time, c key-or-value, g output head, h input head, d 
 """
 import importlib.util
 import math
-from dataclasses import dataclass
+import os
+import sys
+from dataclasses import asdict, dataclass
 from typing import Optional
 
 import torch
@@ -68,6 +74,8 @@ class GPTConfig:
         if self.hyper_connections < 0:
             raise ValueError("hyper_connections must be 0 (off) or the number of residual streams, "
                              f"got {self.hyper_connections}")
+        if self.fused is True and not HAVE_TRITON:
+            raise ValueError("fused=True needs triton (pip install triton), or use fused=None / False")
         if not 0.0 < self.router_top_p <= 1.0:
             raise ValueError(f"router_top_p must be in (0, 1], got {self.router_top_p}")
         for name in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd'):
@@ -75,67 +83,19 @@ class GPTConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
 
-class RMSNorm(nn.Module):
-    """Scale each vector to unit root-mean-square, then by a learned gain (LLaMA's norm)."""
+# -----------------------------------------------------------------------------
+# LIMe: the layer memory, the routers that mix it, and the attention that fills and reads it
 
-    def __init__(self, dim, eps=1e-5):
+
+class LayerMemory(list):
+    """LIMe's layer memory for one forward pass (GPT.forward makes it): the raw keys/values
+    (B, T, 2, G, hs) of every layer so far, appended in order; a plain list to the routers.
+    fused.py adds their gradients into one buffer kept here (grad), made at its first mix."""
+
+    def __init__(self, n_layer):
         super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x):
-        return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)
-
-
-class Rotary(nn.Module):
-    """Rotary position embedding: rotate channel pairs of q and k by position-dependent angles,
-    so that q . k depends only on the distance between the two tokens."""
-
-    def __init__(self, head_size, max_len, base):
-        super().__init__()
-        inv_freq = base ** (-torch.arange(0, head_size, 2, dtype=torch.float32) / head_size)
-        angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)  # (max_len, hs/2)
-        # Not saved in checkpoints: they are a function of the config.
-        self.register_buffer('cos', angles.cos()[:, None, :], persistent=False)  # (max_len, 1, hs/2)
-        self.register_buffer('sin', angles.sin()[:, None, :], persistent=False)
-
-    def forward(self, x, pos=0):  # x: (B, T, heads, hs), its first token at position pos
-        T = x.size(1)
-        cos, sin = self.cos[pos:pos + T], self.sin[pos:pos + T]  # (T, 1, hs/2)
-        x1, x2 = x.float().chunk(2, dim=-1)  # (B, T, heads, hs/2) each
-        return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).type_as(x)
-
-
-def top_p_mask(weights, p):
-    """1.0 for the smallest set of entries along the last dim holding at least a share p of the
-    total (non-negative) weight, 0.0 elsewhere (paper v1's pruning of routing weights)."""
-    if p >= 1.0:
-        return torch.ones_like(weights)  # keep all (the cumsum below could round just past 1)
-    weights = weights.detach()  # the mask is a selection: gradients flow through the kept weights
-    share = weights / weights.sum(-1, keepdim=True).clamp_min(1e-30)
-    sorted_share, order = share.sort(dim=-1, descending=True)
-    mass_before = sorted_share.cumsum(-1) - sorted_share  # mass of the entries ranked above each one
-    keep = (mass_before < p).to(weights.dtype)  # keep entries until the kept mass reaches p
-    return torch.zeros_like(keep).scatter(-1, order, keep)
-
-
-class Mixer:
-    """Chooses, per call, how a router computes its mix (GPTConfig.fused): lime.py's plain PyTorch,
-    which is the definition, or fused.py's Triton kernels, which compute the same numbers faster."""
-
-    def __init__(self, config):
-        self.always = config.fused is True
-        self.wanted = self.always or (config.fused is None and torch.cuda.is_available() and HAVE_TRITON)
-        if self.wanted and not HAVE_TRITON:
-            raise ValueError("fused=True needs triton (pip install triton), or use fused=None / False")
-        if self.wanted:
-            import fused  # noqa: F401  only here: it loads triton (and without CUDA, its interpreter)
-
-    def fused(self, x):  # the fused ops for a mix of tensors like x, or None for the plain mix
-        if self.wanted and (x.is_cuda or self.always):
-            import fused  # already loaded by __init__: this only names it
-            return fused
-        return None
+        self.n_layer = n_layer
+        self.grad = None
 
 
 class StaticRouter(nn.Module):
@@ -149,7 +109,7 @@ class StaticRouter(nn.Module):
         G, S = config.n_kv_head, layer_idx + 1
         self.top_p = config.router_top_p
         self.weight = nn.Parameter(torch.empty(G, S * G))  # R, row g: all (source layer, head) pairs
-        self.mixer = Mixer(config)
+        self.fused = config.fused
 
     def reset_parameters(self):
         # Paper init: identity on the layer's own heads (so it starts as its own keys/values plus
@@ -169,8 +129,8 @@ class StaticRouter(nn.Module):
         return R
 
     def forward(self, h, memory):  # memory: S tensors (B, T, 2, G, hs), layers 0..l
-        if fused := self.mixer.fused(memory[0]):
-            return fused.static_mix(self.mix_weights(), memory)  # the same mix, in Triton kernels
+        if kernels := fused_kernels(self.fused, memory[0]):
+            return kernels.static_mix(self.mix_weights(), memory)  # the same mix, in Triton kernels
         # All S*G (layer, head) sources side by side, in R's column order, then one matmul per
         # (b, t, key-or-value): (G, S*G) @ (S*G, hs). The copy costs memory, but one matmul is ~2x
         # faster on a CPU than a small einsum per layer at 32 layers.
@@ -188,7 +148,7 @@ class DynamicRouter(nn.Module):
         self.n_kv_head, self.n_source = config.n_kv_head, layer_idx + 1
         self.top_p = config.router_top_p
         self.proj = nn.Linear(config.n_embd, self.n_kv_head * self.n_source, bias=True)
-        self.mixer = Mixer(config)
+        self.fused = config.fused
 
     def reset_parameters(self):
         # Start close to the baseline: zero weights (every token routes alike at first, until the
@@ -210,14 +170,16 @@ class DynamicRouter(nn.Module):
         return probs
 
     def forward(self, h, memory):  # memory: S tensors (B, T, 2, G, hs), layers 0..l
-        if fused := self.mixer.fused(memory[0]):
-            return fused.dynamic_mix(self.mix_weights(h), memory)  # the same mix, in Triton kernels
+        if kernels := fused_kernels(self.fused, memory[0]):
+            return kernels.dynamic_mix(self.mix_weights(h), memory)  # the same mix, in Triton kernels
         probs = self.mix_weights(h).type_as(memory[0])  # (B, T, G, S)
         # A weighted sum of the S tensors, pointwise, which torch.compile can fuse into one kernel.
         return sum(kv * probs[:, :, None, :, m, None] for m, kv in enumerate(memory))
 
 
 class CausalSelfAttention(nn.Module):
+    """Grouped-query attention that, in a LIMe model, appends its keys/values to the memory and
+    attends over its router's mix of the memory instead."""
 
     def __init__(self, config, layer_idx):
         super().__init__()
@@ -254,17 +216,78 @@ class CausalSelfAttention(nn.Module):
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, D)
 
 
+# The routers' two options: pruning (top-p) and the fused kernels (fused.py)
+
+
+def top_p_mask(weights, p):
+    """1.0 for the smallest set of entries along the last dim holding at least a share p of the
+    total (non-negative) weight, 0.0 elsewhere (paper v1's pruning of routing weights)."""
+    if p >= 1.0:
+        return torch.ones_like(weights)  # keep all (the cumsum below could round just past 1)
+    weights = weights.detach()  # the mask is a selection: gradients flow through the kept weights
+    share = weights / weights.sum(-1, keepdim=True).clamp_min(1e-30)
+    sorted_share, order = share.sort(dim=-1, descending=True)
+    mass_before = sorted_share.cumsum(-1) - sorted_share  # mass of the entries ranked above each one
+    keep = (mass_before < p).to(weights.dtype)  # keep entries until the kept mass reaches p
+    return torch.zeros_like(keep).scatter(-1, order, keep)
+
+
+def fused_kernels(fused, x):
+    """fused.py, when GPTConfig.fused (here fused) asks for its Triton kernels for a mix of tensors
+    like x; None for lime.py's plain PyTorch mix, which is the definition (the kernels compute the
+    same numbers, faster)."""
+    if fused is True or (fused is None and x.is_cuda and HAVE_TRITON):
+        import fused as kernels  # loaded by GPT.__init__ already: this only names it
+        return kernels
+    return None
+
+
+# -----------------------------------------------------------------------------
+# The LLaMA parts: norm, rotary embedding, MLP, (optional) hyper-connections, the block; the KV cache
+
+
+class RMSNorm(nn.Module):
+    """Scale each vector to unit root-mean-square, then by a learned gain (LLaMA's norm)."""
+
+    def __init__(self, dim, eps=1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding: rotate channel pairs of q and k by position-dependent angles,
+    so that q . k depends only on the distance between the two tokens."""
+
+    def __init__(self, head_size, max_len, base):
+        super().__init__()
+        inv_freq = base ** (-torch.arange(0, head_size, 2, dtype=torch.float32) / head_size)
+        angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)  # (max_len, hs/2)
+        # Not saved in checkpoints: they are a function of the config.
+        self.register_buffer('cos', angles.cos()[:, None, :], persistent=False)  # (max_len, 1, hs/2)
+        self.register_buffer('sin', angles.sin()[:, None, :], persistent=False)
+
+    def forward(self, x, pos=0):  # x: (B, T, heads, hs), its first token at position pos
+        T = x.size(1)
+        cos, sin = self.cos[pos:pos + T], self.sin[pos:pos + T]  # (T, 1, hs/2)
+        x1, x2 = x.float().chunk(2, dim=-1)  # (B, T, heads, hs/2) each
+        return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).type_as(x)
+
+
 class MLP(nn.Module):
     """SwiGLU (LLaMA): silu(x W_gate) * (x W_up), projected back; W_gate and W_up in one matmul."""
 
     def __init__(self, config):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 2 * config.mlp_hidden, bias=False)
-        self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=False)
+        self.gate_up_proj = nn.Linear(config.n_embd, 2 * config.mlp_hidden, bias=False)
+        self.down_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=False)
 
     def forward(self, x):
-        gate, up = self.c_fc(x).chunk(2, dim=-1)  # (B, T, mlp_hidden) each
-        return self.c_proj(F.silu(gate) * up)
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # (B, T, mlp_hidden) each
+        return self.down_proj(F.silu(gate) * up)
 
 
 class HyperConnection(nn.Module):
@@ -316,9 +339,9 @@ class Block(nn.Module):
 
     def __init__(self, config, layer_idx):
         super().__init__()
-        self.ln_1 = RMSNorm(config.n_embd)
+        self.attn_norm = RMSNorm(config.n_embd)
         self.attn = CausalSelfAttention(config, layer_idx)
-        self.ln_2 = RMSNorm(config.n_embd)
+        self.mlp_norm = RMSNorm(config.n_embd)
         self.mlp = MLP(config)
         # With hyper-connections, x is n streams (B, T, n, D) and these replace the two residual adds.
         hc = config.hyper_connections
@@ -327,21 +350,10 @@ class Block(nn.Module):
 
     def forward(self, x, rotary, memory=None, cache=None):
         if self.hc_attn is None:
-            x = x + self.attn(self.ln_1(x), rotary, memory, cache)
-            return x + self.mlp(self.ln_2(x))
-        x = self.hc_attn(x, lambda h: self.attn(self.ln_1(h), rotary, memory, cache))
-        return self.hc_mlp(x, lambda h: self.mlp(self.ln_2(h)))
-
-
-class LayerMemory(list):
-    """LIMe's layer memory for one forward pass: the raw keys/values (B, T, 2, G, hs) of every layer
-    so far, appended in order; a plain list to the routers. fused.py adds their gradients into one
-    buffer kept here (grad), made at the first mix that needs it."""
-
-    def __init__(self, n_layer):
-        super().__init__()
-        self.n_layer = n_layer
-        self.grad = None
+            x = x + self.attn(self.attn_norm(x), rotary, memory, cache)
+            return x + self.mlp(self.mlp_norm(x))
+        x = self.hc_attn(x, lambda h: self.attn(self.attn_norm(h), rotary, memory, cache))
+        return self.hc_mlp(x, lambda h: self.mlp(self.mlp_norm(h)))
 
 
 class KVCache:
@@ -371,13 +383,16 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         padded_vocab = 64 * math.ceil(config.vocab_size / 64)  # matmul shapes GPUs like
-        self.wte = nn.Embedding(padded_vocab, config.n_embd)
+        self.embed = nn.Embedding(padded_vocab, config.n_embd)
         self.blocks = nn.ModuleList(Block(config, l) for l in range(config.n_layer))
-        self.ln_f = RMSNorm(config.n_embd)
+        self.final_norm = RMSNorm(config.n_embd)
         self.lm_head = nn.Linear(config.n_embd, padded_vocab, bias=False)
-        self.lm_head.weight = self.wte.weight  # tied input/output embeddings
+        self.lm_head.weight = self.embed.weight  # tied input/output embeddings
         self.rotary = Rotary(config.n_embd // config.n_head, config.block_size, config.rope_base)
         self.init_weights()
+        if config.router != 'none' and (config.fused or config.fused is None and HAVE_TRITON
+                                        and torch.cuda.is_available()):
+            import fused  # noqa: F401  loads triton now, not inside a forward that torch.compile traces
 
     def routers(self):
         return [block.attn.router for block in self.blocks if block.attn.router is not None]
@@ -396,7 +411,7 @@ class GPT(nn.Module):
             elif isinstance(module, RMSNorm):
                 nn.init.ones_(module.weight)
         for block in self.blocks:
-            for proj in (block.attn.o_proj, block.mlp.c_proj):
+            for proj in (block.attn.o_proj, block.mlp.down_proj):
                 nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
         for module in self.routers() + self.hyper_connections():
             module.reset_parameters()
@@ -408,7 +423,7 @@ class GPT(nn.Module):
         start = cache.pos if cache is not None else 0
         if start + T > self.config.block_size:
             raise ValueError(f"sequence of {start + T} tokens > block_size {self.config.block_size}")
-        x = self.wte(idx)  # (B, T, D)
+        x = self.embed(idx)  # (B, T, D)
         n = self.config.hyper_connections
         if n:
             x = x.unsqueeze(2).expand(-1, -1, n, -1)  # (B, T, n, D): n copies of the embedding
@@ -421,7 +436,7 @@ class GPT(nn.Module):
             # The HC authors sum the streams; the mean is the same through the norm below, but for
             # its eps, and keeps the model exactly the baseline at init (the sum is n times it).
             x = x.mean(dim=2)  # (B, T, D)
-        x = self.ln_f(x)
+        x = self.final_norm(x)
         logits = self.lm_head(x)[..., :self.config.vocab_size]  # the padded ids are never predicted
         loss = None
         if targets is not None:
@@ -490,7 +505,7 @@ class GPT(nn.Module):
         hs = cfg.n_embd // cfg.n_head
         static_weights = sum(r.weight.numel() for r in self.routers() if isinstance(r, StaticRouter))
         hc_weights = sum(p.numel() for hc in self.hyper_connections() for p in hc.parameters())
-        matmuls = 6 * (self.num_params() - static_weights - hc_weights)  # includes lm_head via the tied wte
+        matmuls = 6 * (self.num_params() - static_weights - hc_weights)  # includes lm_head via the tied embedding
         attention = 6 * 2 * cfg.n_layer * cfg.n_head * hs * T  # q.k and attn @ v, one multiply-add each
         # Each static weight R[g, m, h] is one multiply-add per channel of k and of v (2 * hs);
         # dynamic: one multiply-add per (head, source layer, channel of k and v).
@@ -507,3 +522,69 @@ class GPT(nn.Module):
         """Model FLOPs utilisation: achieved training FLOP/s over the device's peak (default: H100
         SXM bf16 dense, 989 TFLOP/s)."""
         return self.flops_per_token(seq_len) * tokens_per_second / peak_flops
+
+
+# -----------------------------------------------------------------------------
+# Checkpoints: their format is written and read here only. A checkpoint is a dict: the model's weights
+# ('model') and GPTConfig ('model_args'), beside whatever train.py keeps to resume ('optimizer', 'step'...).
+
+# Layers renamed since earlier checkpoints were written: (old, new) pieces of a weight's name.
+RENAMED = [('.wte.', '.embed.'), ('.ln_f.', '.final_norm.'), ('.ln_1.', '.attn_norm.'), ('.ln_2.', '.mlp_norm.'),
+           ('.mlp.c_fc.', '.mlp.gate_up_proj.'), ('.mlp.c_proj.', '.mlp.down_proj.')]
+
+
+def save_checkpoint(path, model, **state):
+    """Write model's weights and config, and state, to path atomically: into a temporary file that is
+    then renamed over path, so a process killed mid-write leaves the previous checkpoint whole."""
+    checkpoint = {'model': model.state_dict(), 'model_args': asdict(model.config), **state}
+    tmp = f"{path}.{os.getpid()}.tmp"  # this process's own name: no other can write to it
+    try:
+        with open(tmp, 'wb') as f:
+            torch.save(checkpoint, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, say, or Ctrl-C: no half-written file is left behind
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def load_checkpoint(path, device, keys=('model', 'model_args')):
+    """The checkpoint at path, on device, holding at least keys; its weights under today's names.
+    Raises ValueError, with one line saying why, if it is missing, unreadable or something else."""
+    if not os.path.isfile(path):
+        raise ValueError(f"no checkpoint at {path} (train.py writes one to its out_dir)")
+    try:
+        checkpoint = torch.load(path, map_location=device)
+    except Exception as e:  # torch's messages run to many lines: keep the last, most specific one
+        lines = [line for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+        raise ValueError(f"could not read checkpoint {path} (damaged, or not saved by train.py): "
+                         f"{lines[-1].strip()}") from None
+    missing = [key for key in keys if not isinstance(checkpoint, dict) or key not in checkpoint]
+    if missing:
+        raise ValueError(f"{path} is not a checkpoint saved by train.py: it lacks {', '.join(missing)}")
+    if 'model' in checkpoint:
+        weights = {}
+        for name, tensor in checkpoint['model'].items():
+            name = '.' + name
+            for old, new in RENAMED:
+                name = name.replace(old, new)
+            weights[name[1:]] = tensor
+        checkpoint['model'] = weights
+    return checkpoint
+
+
+def load_model(path, device, fused=None):
+    """The model in the checkpoint at path, in eval mode on device, and the checkpoint itself. fused
+    (see GPTConfig) is how to compute LIMe's mix here, whatever the training run used. Raises
+    ValueError, with one line saying why, if it does not load."""
+    checkpoint = load_checkpoint(path, device, keys=('model', 'model_args', 'step', 'best_val_loss'))
+    try:
+        model = GPT(GPTConfig(**{**checkpoint['model_args'], 'fused': fused}))
+        model.load_state_dict(checkpoint['model'])
+    except (TypeError, ValueError, RuntimeError) as e:  # saved by another version of lime.py?
+        raise ValueError(f"{path}: its model does not load into this lime.py: {str(e).splitlines()[0]}") from None
+    print(f"loaded {path}: step {checkpoint['step']}, router={model.config.router}, "
+          f"val loss {checkpoint['best_val_loss']:.4f}", file=sys.stderr)
+    return model.eval().to(device), checkpoint

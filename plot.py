@@ -17,12 +17,10 @@ matplotlib is optional for the rest of the repo, but needed here (pip install ma
 it the tables still print.
 """
 import glob
-import json
 import os
 import statistics
-import sys
 
-from configurator import apply_overrides, check_values, fail
+from configurator import configure, fail, read_json
 
 try:
     import matplotlib
@@ -58,13 +56,7 @@ def run_dirs(spec):
 def read_log(run):
     """(the run's record, its step records) from run/log.txt."""
     path = os.path.join(run, 'log.txt')
-    try:
-        with open(path, encoding='utf-8') as f:
-            records = [json.loads(line) for line in f if line.strip()]
-    except OSError as e:
-        fail(f"cannot read {path}: {e.strerror}")
-    except ValueError as e:
-        fail(f"{path}: not one JSON object a line ({e})")
+    records = read_json(path, 'log', lines=True)
     if not records or 'config' not in records[0]:
         fail(f"{path} does not open with the run's record (train.py writes one since plot.py exists): "
              "train the run again to plot it")
@@ -76,8 +68,7 @@ def read_eval(run):
     path = os.path.join(run, 'arith_eval.json')
     if not os.path.isfile(path):
         fail(f"{path} not found: run `python arith.py --mode=eval --ckpt_dir={run}` first")
-    with open(path, encoding='utf-8') as f:
-        result = json.load(f)
+    result = read_json(path, 'evaluation')
     # Held-out accuracy is the paper's measure; where every expression is in training (1 operator)
     # there is none, and accuracy over all of them is what there is.
     return {int(k): v if v is not None else result['accuracy_all'][k] for k, v in result['accuracy'].items()}
@@ -217,10 +208,9 @@ def plot_depth(runs, k):
     return fig
 
 
-def main(argv):
-    config = {'mode': mode, 'runs': runs, 'out': out, 'n_ops': n_ops}
-    apply_overrides(config, argv)
-    check_values(config, {('curves', 'arith', 'depth'): ['mode'], 'text': ['runs', 'out'], 'positive': ['n_ops']})
+def main(argv=None):
+    config, _, _ = configure(globals(), {('curves', 'arith', 'depth'): ['mode'], 'text': ['runs', 'out'],
+                                         'positive': ['n_ops']}, argv)
     dirs = run_dirs(config['runs'])
     if config['mode'] == 'curves':
         fig = plot_curves(dirs)
@@ -241,4 +231,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-    main(sys.argv[1:])
+    main()

@@ -15,7 +15,8 @@ Shards use the llm.c / modded-nanogpt format: a header of 256 int32 (magic 20240
 followed by the tokens as little-endian uint16. Shard 0 holds validation, `{prefix}_val_000000.bin`, and
 training follows in `{prefix}_train_000001.bin`, `{prefix}_train_000002.bin`, ... Because format and naming
 match, existing pre-tokenized GPT-2 FineWeb-Edu shards in this format can be dropped into a directory and
-used with train.py --data_dir as they are. train.py imports read_shard() from here to load them.
+used with train.py --data_dir as they are. The other scripts find and read shards with shard_paths() and
+read_shard() from here, the format's one home.
 """
 import argparse
 import glob
@@ -62,9 +63,10 @@ def write_shard(path, tokens):
         raise
 
 
-def read_shard(path):
+def read_shard(path, vocab_size=None):
     """A shard's tokens as a read-only uint16 array mapped from disk (pages load only when used).
-    Raises ValueError, naming the file, if it is not one whole shard."""
+    Raises ValueError, naming the file, if it is not one whole shard, or, given vocab_size, if it
+    holds an id the model has no embedding for (that check reads the shard whole)."""
     size = os.path.getsize(path)
     if size < HEADER_BYTES:
         raise ValueError(f"{path}: {size} bytes is too short to hold the {HEADER_BYTES}-byte shard header")
@@ -77,15 +79,34 @@ def read_shard(path):
     if size != HEADER_BYTES + 2 * n:
         problem = "truncated" if held < n else "size mismatch"
         raise ValueError(f"{path}: {problem}: header says {n} tokens, file holds {held}")
-    return np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(n,))
+    tokens = np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(n,))
+    if vocab_size is not None and n and int(tokens.max()) >= vocab_size:
+        raise ValueError(f"{path} holds token id {int(tokens.max())}, but vocab_size is {vocab_size}")
+    return tokens
+
+
+def shard_path(out_dir, prefix, split, index):
+    """Where a shard goes: out_dir/{prefix}_{split}_{index:06d}.bin (validation is shard 0)."""
+    return os.path.join(out_dir, f"{prefix}_{split}_{index:06d}.bin")
+
+
+def shard_paths(data_dir, split):
+    """The paths of data_dir's shards of split ('train' or 'val'), in order. Raises ValueError, saying
+    how to make some, if there are none."""
+    paths = sorted(glob.glob(os.path.join(data_dir, f"*_{split}_*.bin")))
+    if not paths:
+        where = "" if os.path.isdir(data_dir) else " (there is no such directory)"
+        raise ValueError(f"no *_{split}_*.bin shards in {data_dir}/{where}: write some with prepare.py, "
+                         "or point --data_dir at them")
+    return paths
 
 
 # -----------------------------------------------------------------------------
 # sources: each yields documents as strings
 
 
-class InputError(Exception):
-    """Bad input: main() reports it in one line, without a traceback."""
+class InputError(ValueError):
+    """Bad input: main() (or another script, with configurator.or_fail) reports it in one line."""
 
 
 def squeeze_spaces(text):
@@ -194,9 +215,6 @@ def tokenize(text):
 
 def prepare(documents, out_dir, prefix, args):
     """Tokenize documents in parallel, split them into validation and training, and write the shards."""
-    def shard_path(split, index):
-        return os.path.join(out_dir, f"{prefix}_{split}_{index:06d}.bin")
-
     gpt2_encoding()  # loaded here, once, before the workers start: they find it cached
     val = []  # validation documents, written last as shard 0
     buf, fill = np.empty(args.shard_size, dtype=np.uint16), 0  # the training shard being filled
@@ -216,7 +234,7 @@ def prepare(documents, out_dir, prefix, args):
                     fill, tokens = fill + take, tokens[take:]
                     if fill == args.shard_size:
                         n_train_shards += 1
-                        write_shard(shard_path("train", n_train_shards), buf)
+                        write_shard(shard_path(out_dir, prefix, "train", n_train_shards), buf)
                         fill = 0
             n_docs += 1
             if args.max_tokens and n_val + n_train >= args.max_tokens:
@@ -225,8 +243,8 @@ def prepare(documents, out_dir, prefix, args):
         raise InputError(f"got {n_docs} document(s); need at least 2, since the first goes to validation")
     if fill:
         n_train_shards += 1
-        write_shard(shard_path("train", n_train_shards), buf[:fill])
-    write_shard(shard_path("val", 0), np.concatenate(val))
+        write_shard(shard_path(out_dir, prefix, "train", n_train_shards), buf[:fill])
+    write_shard(shard_path(out_dir, prefix, "val", 0), np.concatenate(val))
     print(f"wrote {n_train_shards + 1} shards to {out_dir} ({n_docs:,} documents): "
           f"val {n_val:,} tokens, train {n_train:,} tokens")
     print(f"next: python train.py --data_dir={out_dir}")
@@ -270,7 +288,7 @@ def main(argv=None):
     # The validation shard is written last: with it, a finished run is there already and is kept;
     # without it, shards left by an interrupted run are deleted, so none mixes into the new set.
     old_shards = glob.glob(os.path.join(out_dir, f"{prefix}_*.bin"))
-    if os.path.exists(os.path.join(out_dir, f"{prefix}_val_000000.bin")):
+    if os.path.exists(shard_path(out_dir, prefix, "val", 0)):
         print(f"{out_dir} already holds {len(old_shards)} shards: kept (delete them to prepare anew)")
         return
     for path in old_shards:

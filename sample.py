@@ -6,12 +6,12 @@ sample.py: generate text from a checkpoint written by train.py, with the model's
     python sample.py --out_dir=out/cpu_demo --start=FILE:prompt.txt --max_new_tokens=500
 """
 import os
-import sys
 
 import torch
 
-from configurator import apply_overrides, check_values, fail, load_model, read_text, resolve_device
-from prepare import InputError, gpt2_encoding
+from configurator import configure, fail, or_fail, read_text
+from lime import load_model
+from prepare import gpt2_encoding
 
 # -----------------------------------------------------------------------------
 out_dir = 'out'  # the directory holding ckpt.pt
@@ -25,12 +25,10 @@ device = 'cuda' if torch.cuda.is_available() else 'cpu'
 dtype = 'bfloat16'  # 'bfloat16' (autocast) or 'float32'; on a CPU the default becomes float32
 fused = None  # LIMe's mix as fused Triton kernels: None = where they run natively (CUDA), or True / False
 # -----------------------------------------------------------------------------
-config = {k: v for k, v in globals().items() if not k.startswith('_') and type(v) in (int, float, bool, str, type(None))}
-given = apply_overrides(config, sys.argv[1:])
-check_values(config, {'path': ['out_dir'], 'text': ['start'], 'positive': ['num_samples', 'max_new_tokens'],
-                      'non-negative': ['temperature', 'top_k'], 'seed': ['seed'], 'device': ['device'],
-                      ('bfloat16', 'float32'): ['dtype']})
-device_type, autocast = resolve_device(config, given)
+config, given, autocast = configure(globals(), {
+    'path': ['out_dir'], 'text': ['start'], 'positive': ['num_samples', 'max_new_tokens'],
+    'non-negative': ['temperature', 'top_k'], 'seed': ['seed'], 'device': ['device'],
+    ('bfloat16', 'float32'): ['dtype']})
 globals().update(config)
 torch.manual_seed(seed)
 
@@ -39,16 +37,13 @@ if start.startswith('FILE:'):
     if not os.path.isfile(path):
         fail(f"prompt file not found: {path}")
     start = read_text(path, 'prompt file')
-try:
-    enc = gpt2_encoding()
-except InputError as e:
-    fail(str(e))
+enc = or_fail(gpt2_encoding)
 start_ids = enc.encode(start, allowed_special={'<|endoftext|>'})
 if not start_ids:
     fail("the prompt is empty: give some text with --start (the default starts a new document)")
 
 ckpt_path = os.path.join(out_dir, 'ckpt.pt')
-model, checkpoint = load_model(ckpt_path, device, fused)
+model, checkpoint = or_fail(load_model, ckpt_path, device, fused)
 if model.config.vocab_size != 50257:
     fail(f"{ckpt_path} was trained on a vocabulary of {model.config.vocab_size} tokens, "
          "not GPT-2's 50257: sample.py can't decode it")

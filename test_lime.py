@@ -104,9 +104,9 @@ def test_cached_greedy_generation_equals_full_recompute(router, n_kv_head):
 
 def test_generation_goes_past_block_size_and_never_samples_padding():
     model = tiny_model(router='static')
-    assert model.wte.weight.size(0) == 128  # 101 padded to a multiple of 64
+    assert model.embed.weight.size(0) == 128  # 101 padded to a multiple of 64
     with torch.no_grad():
-        model.wte.weight[101:] = 10.0  # padded rows that would win every sample if not cut off
+        model.embed.weight[101:] = 10.0  # padded rows that would win every sample if not cut off
     out = model.generate(torch.zeros(2, 3, dtype=torch.long), 3 * model.config.block_size)
     assert out.shape == (2, 3 + 3 * model.config.block_size)
     assert out.max().item() < 101

@@ -11,26 +11,23 @@ Every key in the defaults block below can be overridden by config files and --ke
 out_dir/log.txt has one JSON object a line: the run's settings first, then a record per log and
 evaluation step (plot.py draws them).
 """
-import ctypes
-import glob
 import json
 import math
 import os
-import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, fields
+from dataclasses import fields
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from configurator import apply_overrides, check_values, fail, load_checkpoint, resolve_device
+from configurator import configure, fail, or_fail
 from evaluate import (encode_example, multiple_choice, nats_and_bytes, read_examples, task_file,
                       task_tokenizer, token_byte_lengths)
-from lime import GPT, GPTConfig
-from prepare import read_shard
+from lime import GPT, GPTConfig, load_checkpoint, save_checkpoint
+from prepare import read_shard, shard_paths
 
 try:
     import fcntl  # POSIX file locks: one run at a time in an out_dir
@@ -86,10 +83,8 @@ compile = True  # torch.compile the model; on a CPU the default becomes False
 peak_flops = 989e12  # for MFU: bf16 dense peak of one device (H100 SXM)
 seed = 1337  # for the initial weights
 # -----------------------------------------------------------------------------
-config = {k: v for k, v in globals().items() if not k.startswith('_') and type(v) in (int, float, bool, str, type(None))}
-given = apply_overrides(config, sys.argv[1:])
 # What each key may hold (configurator.KINDS), checked for every key before anything runs.
-check_values(config, {
+config, given, autocast = configure(globals(), {
     'path': ['out_dir', 'data_dir'],
     'positive': ['eval_interval', 'eval_iters', 'log_interval', 'n_layer', 'n_head', 'n_embd', 'block_size',
                  'vocab_size', 'batch_size', 'gradient_accumulation_steps', 'learning_rate', 'max_iters',
@@ -100,8 +95,8 @@ check_values(config, {
     ('scratch', 'resume'): ['init_from'], ('none', 'static', 'dynamic'): ['router'],
     ('bfloat16', 'float32'): ['dtype'], 'text': ['mc_task'],
 })
-device_type, autocast = resolve_device(config, given)
 globals().update(config)
+device_type = 'cuda' if device.startswith('cuda') else 'cpu'
 
 # -----------------------------------------------------------------------------
 # setup: one process, or one per GPU under torchrun
@@ -134,8 +129,8 @@ own_keys = {'out_dir', 'init_from', 'overwrite', 'device', 'dtype', 'compile', '
 ckpt_path = os.path.join(out_dir, 'ckpt.pt')
 checkpoint = None
 if init_from == 'resume':
-    checkpoint = load_checkpoint(ckpt_path, device, keys=('model', 'model_args', 'optimizer', 'step',
-                                                          'best_val_loss', 'config', 'data', 'rng'))
+    checkpoint = or_fail(load_checkpoint, ckpt_path, device, keys=('model', 'model_args', 'optimizer', 'step',
+                                                                   'best_val_loss', 'config', 'data', 'rng'))
     saved = checkpoint['config']
     # A checkpoint older than a model key was made with that key's default in GPTConfig.
     model_defaults = {f.name: f.default for f in fields(GPTConfig)}
@@ -151,10 +146,7 @@ if init_from == 'resume':
 else:
     model_args = {k: config[k] for k in model_keys}
 model_args = {**model_args, 'fused': fused}  # how to compute the mix, not part of the model: ours to choose
-try:
-    gptconf = GPTConfig(**model_args)
-except ValueError as e:
-    fail(str(e))
+gptconf = or_fail(GPTConfig, **model_args)
 
 if min_lr > learning_rate:
     fail(f"min_lr ({min_lr}) must not exceed learning_rate ({learning_rate}): the decay would raise the rate")
@@ -166,53 +158,20 @@ tokens_per_step = batch_size * block_size * gradient_accumulation_steps
 lr_decay_iters = lr_decay_iters or max_iters
 log(f"tokens per step: {tokens_per_step:,} = {batch_size} batch x {block_size} block x "
     f"{gradient_accumulation_steps} micro-steps ({world_size} process{'es' * (world_size > 1)})")
-if device_type == 'cpu' and sys.platform == 'linux':
-    # glibc hands large freed blocks back to the OS and page-faults them in again on the next step;
-    # for the big logits tensors that costs ~40% of a CPU step. Keeping up to 1 GiB cached avoids it.
-    libc = ctypes.CDLL('libc.so.6')
-    libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD: serve blocks up to 1 GiB from the heap, not mmap
-    libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: give memory back only past 1 GiB of free heap
 torch.manual_seed(seed)
-torch.backends.cuda.matmul.allow_tf32 = True  # only float32 work is affected; bf16 is unchanged
-torch.backends.cudnn.allow_tf32 = True
 
 
 # -----------------------------------------------------------------------------
 # data: every shard the run will read is checked now, before step 0, not when the run reaches it
-
-
-def shard_files(kind):
-    files = sorted(glob.glob(os.path.join(data_dir, f'*_{kind}_*.bin')))
-    if not files:
-        fail(f"no *_{kind}_*.bin shards in {data_dir}/ (write some with prepare.py, "
-             "or point --data_dir at them)")
-    return files
-
-
-def open_shard(path):
-    try:
-        return read_shard(path)
-    except ValueError as e:  # a truncated or foreign file: read_shard's message names it
-        fail(str(e))
-
-
-def checked_shard(path):
-    """A shard's tokens, its header, size and token ids checked. An id past the model's vocabulary
-    would crash the embedding lookup far from the cause. This reads the shard whole, once."""
-    tokens = open_shard(path)
-    largest = int(tokens.max()) if len(tokens) else 0
-    if largest >= vocab_size:
-        fail(f"{path} holds token id {largest}, but vocab_size is {vocab_size}")
-    return tokens
-
+# (an id past the model's vocabulary would crash the embedding lookup far from its cause).
 
 if not os.path.isdir(data_dir):  # checked before a model is built, which can take a while
     fail(f"data_dir not found: {data_dir} (run `python prepare.py` first)")
-train_files, val_files = shard_files('train'), shard_files('val')
+train_files, val_files = or_fail(shard_paths, data_dir, 'train'), or_fail(shard_paths, data_dir, 'val')
 # A micro-step reads span + 1 consecutive tokens of one shard (the 1: the last token's target). A
 # shorter shard, such as the last one prepare.py writes, is skipped; at least one must be long enough.
 span = batch_size * block_size * world_size
-lengths = [len(checked_shard(path)) for path in train_files]
+lengths = [len(or_fail(read_shard, path, vocab_size)) for path in train_files]
 usable = [i for i, n in enumerate(lengths) if n > span]
 for path, n in zip(train_files, lengths):
     if n <= span:
@@ -221,7 +180,7 @@ for path, n in zip(train_files, lengths):
 if not usable:
     fail(f"no training shard in {data_dir}/ holds one micro-step of batch_size * block_size * processes "
          f"+ 1 = {span + 1:,} tokens (the longest holds {max(lengths):,}): lower batch_size or block_size")
-val_tokens = checked_shard(val_files[0])  # evaluation always uses this shard's start
+val_tokens = or_fail(read_shard, val_files[0], vocab_size)  # evaluation always uses this shard's start
 val_batches = min(eval_iters, (len(val_tokens) - 1) // (batch_size * block_size))  # over all processes
 if val_batches == 0:
     fail(f"the validation shard holds {len(val_tokens):,} tokens, fewer than one batch")
@@ -260,7 +219,7 @@ class Batches:
         self.restore(state or {'shard': usable[0], 'pos': 0})
 
     def load(self, shard):
-        self.shard, self.tokens = shard, open_shard(self.files[shard])
+        self.shard, self.tokens = shard, or_fail(read_shard, self.files[shard])
 
     def following(self, shard):
         return next((i for i in self.usable if i > shard), self.usable[0])
@@ -422,24 +381,13 @@ def score_task():
     return sum_over_processes(right) / n, sum_over_processes(right_norm) / n
 
 
-def save_checkpoint():
-    """Write to a temporary file and rename it: a run killed mid-write keeps the previous checkpoint."""
-    checkpoint = {
-        'model': raw_model.state_dict(), 'model_args': asdict(gptconf), 'optimizer': optimizer.state_dict(),
-        'step': step, 'best_val_loss': best_val_loss, 'config': config, 'data': train_batches.state(),
-        'rng': {'cpu': torch.get_rng_state(),
-                'cuda': torch.cuda.get_rng_state() if device_type == 'cuda' else None},
-    }
-    tmp = f"{ckpt_path}.{os.getpid()}.tmp"  # this process's own name: no other can write to it
+def save():
+    """Everything a resumed run needs, in one checkpoint (lime.save_checkpoint writes it atomically)."""
+    rng = {'cpu': torch.get_rng_state(), 'cuda': torch.cuda.get_rng_state() if device_type == 'cuda' else None}
     try:
-        with open(tmp, 'wb') as f:
-            torch.save(checkpoint, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, ckpt_path)
+        save_checkpoint(ckpt_path, raw_model, optimizer=optimizer.state_dict(), step=step, rng=rng,
+                        best_val_loss=best_val_loss, config=config, data=train_batches.state())
     except OSError as e:  # a full disk, say: the previous checkpoint is still whole
-        if os.path.exists(tmp):
-            os.remove(tmp)
         fail(f"could not write {ckpt_path}: {e.strerror or e}")
 
 
@@ -491,7 +439,7 @@ while True:
             write_log(**record)
             if step > start_step and (val_loss < best_val_loss or always_save_checkpoint):
                 best_val_loss = min(best_val_loss, val_loss)
-                save_checkpoint()
+                save()
                 saved_step = step
                 log(f"saved checkpoint to {ckpt_path}")
         window_start, window_steps = time.time(), 0  # keep evaluation out of the timings

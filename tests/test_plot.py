@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: scripts run from there
 HAVE_MATPLOTLIB = importlib.util.find_spec('matplotlib') is not None
 # Runs plot.py as `python plot.py ARGS` would, but with `import matplotlib` failing.
 WITHOUT_MATPLOTLIB = ("import runpy, sys; sys.modules['matplotlib'] = None; "
@@ -20,7 +20,7 @@ WITHOUT_MATPLOTLIB = ("import runpy, sys; sys.modules['matplotlib'] = None; "
 
 def plot(*args, matplotlib=True, check=True):
     command = ['plot.py'] if matplotlib else ['-c', WITHOUT_MATPLOTLIB]
-    result = subprocess.run([sys.executable, *command, *args], capture_output=True, text=True, cwd=HERE,
+    result = subprocess.run([sys.executable, *command, *args], capture_output=True, text=True, cwd=ROOT,
                             timeout=120)
     if check:
         assert result.returncode == 0, result.stdout + result.stderr
@@ -105,7 +105,7 @@ def test_bad_runs_give_one_clear_line(runs, tmp_path):
     not_evaluated = fake_run(tmp_path / 'trained_only', 'static', 1)
     for args, message in [(['--runs=' + str(tmp_path / 'nothing*')], 'no directory matches'),
                           (['--runs=' + str(tmp_path / 'old')], "does not open with the run's record"),
-                          (['--runs=' + str(tmp_path / 'absent')], 'cannot read'),
+                          (['--runs=' + str(tmp_path / 'absent')], 'could not read'),
                           (['--mode=arith', '--runs=' + not_evaluated], 'arith_eval.json not found'),
                           (['--mode=bars'], "mode must be one of")]:
         result = plot(*args, check=False)
@@ -123,13 +123,13 @@ def test_compare_sh_trains_each_router_and_draws_their_curves(tmp_path):
     env = {**os.environ, 'OMP_NUM_THREADS': '1'}
     data = tmp_path / 'data'
     subprocess.run([sys.executable, 'prepare.py', '--input', str(text), '--out_dir', str(data), '--workers', '1'],
-                   check=True, capture_output=True, cwd=HERE, env=env, timeout=120)
+                   check=True, capture_output=True, cwd=ROOT, env=env, timeout=120)
     out = tmp_path / 'cmp'
     tiny = ['--device=cpu', '--compile=False', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32',
             '--batch_size=2', '--max_iters=4', '--eval_interval=2', '--eval_iters=1', '--warmup_iters=1',
             f'--data_dir={data}', f'--out_dir={out}']
     result = subprocess.run(['bash', 'compare.sh', 'config/small_text.py', *tiny], capture_output=True, text=True,
-                            cwd=HERE, env=env, timeout=300)
+                            cwd=ROOT, env=env, timeout=300)
     if HAVE_MATPLOTLIB:
         assert result.returncode == 0, result.stdout + result.stderr
         assert (out / 'loss_curves.png').exists()
@@ -138,7 +138,7 @@ def test_compare_sh_trains_each_router_and_draws_their_curves(tmp_path):
     for router in ('none', 'static', 'dynamic'):
         assert (out / router / 'ckpt.pt').exists() and f'| {router} | {out / router} |' in result.stdout
     again = subprocess.run(['bash', 'compare.sh', 'config/small_text.py', *tiny], capture_output=True, text=True,
-                           cwd=HERE, env=env, timeout=300)
+                           cwd=ROOT, env=env, timeout=300)
     assert again.returncode != 0 and 'holds a run' in again.stderr  # the first run is kept, not replaced
 
 

@@ -23,7 +23,7 @@ from analyze import (layer_features, layer_values, matrix_entropy, probe_accurac
                      retrieval_by_source, routing_weights, stratified_folds)
 from lime import GPT, GPTConfig
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: scripts run from there
 ROUTERS = ['none', 'static', 'dynamic']
 # Runs analyze.py as `python analyze.py ARGS` would, but with `import matplotlib` failing.
 WITHOUT_MATPLOTLIB = ("import runpy, sys; sys.modules['matplotlib'] = None; "
@@ -119,11 +119,11 @@ def test_routing_weights_are_distributions_over_earlier_layers(router):
     later = torch.ones(L, L).triu(diagonal=1).bool()  # [l, m] is True where m > l
     assert torch.all(weights.permute(1, 0, 2)[:, later] == 0), "a layer reads a later layer"
     if router == 'dynamic':  # by hand for the last layer: its router's probabilities, averaged over the tokens
-        h, memory = model.wte(idx), []
+        h, memory = model.embed(idx), []
         with torch.no_grad():
             for block in model.blocks[:-1]:
                 h = block(h, model.rotary, memory)
-            probs = model.blocks[-1].attn.router.mix_weights(model.blocks[-1].ln_1(h)).mean(dim=(0, 1))
+            probs = model.blocks[-1].attn.router.mix_weights(model.blocks[-1].attn_norm(h)).mean(dim=(0, 1))
         assert torch.allclose(weights[-1], probs, atol=1e-6)
 
 
@@ -136,11 +136,11 @@ def test_layer_values_are_the_values_each_layer_attends_over(router):
     idx = torch.randint(0, 101, (B, T))
     values = layer_values(model, idx)
     # By hand: each layer's raw keys/values, routed where the layer has a router; v is index 1.
-    x, memory, expected, raw = model.wte(idx), [], [], []
+    x, memory, expected, raw = model.embed(idx), [], [], []
     block_memory = [] if router != 'none' else None  # what GPT.forward passes the blocks
     with torch.no_grad():
         for block in model.blocks:
-            h = block.ln_1(x)
+            h = block.attn_norm(x)
             memory.append(block.attn.kv_proj(h).view(B, T, 2, G, hs))
             kv = memory[-1] if block.attn.router is None else block.attn.router(h, memory)
             raw.append(memory[-1][:, :, 1].reshape(B, T, G * hs))
@@ -192,7 +192,7 @@ def run_analyze(checkpoints, fig_dir, matplotlib=True):
     command = ['analyze.py'] if matplotlib else ['-c', WITHOUT_MATPLOTLIB]
     result = subprocess.run([sys.executable, *command, f'--out_dirs={out_dirs}', f'--data_dir={data_dir}',
                              f'--fig_dir={fig_dir}', '--batch_size=4', '--device=cpu'],
-                            capture_output=True, text=True, cwd=HERE, timeout=120)
+                            capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert result.returncode == 0, f"analyze.py failed:\n{result.stdout}\n{result.stderr}"
     return result.stdout
 
@@ -233,7 +233,7 @@ def test_missing_checkpoint_or_validation_shard_stops_with_one_line(checkpoints,
     data_dir, out_dirs = checkpoints
     with pytest.raises(SystemExit, match=r'^error: no checkpoint at .*nowhere.ckpt\.pt [^\n]*$'):
         analyze.main([f'--out_dirs={out_dirs},{tmp_path}/nowhere', f'--data_dir={data_dir}', '--device=cpu'])
-    with pytest.raises(SystemExit, match=r'^error: no \*_val_\*\.bin shard in [^\n]*$'):
+    with pytest.raises(SystemExit, match=r'^error: no \*_val_\*\.bin shards in [^\n]*$'):
         analyze.main([f'--out_dirs={out_dirs}', f'--data_dir={tmp_path}', '--device=cpu'])
 
 
@@ -285,7 +285,7 @@ def test_hidden_states_are_each_blocks_output_and_the_last_gives_the_logits(hype
     assert [tuple(h.shape) for h in hidden] == [(2, 12, 16)] * 3
     with torch.no_grad():
         logits, _ = model(idx)
-        x, memory = model.wte(idx), []
+        x, memory = model.embed(idx), []
         if n:
             x = x.unsqueeze(2).expand(-1, -1, n, -1)  # (B, T, n, D), as GPT.forward starts them
         for l, block in enumerate(model.blocks):
@@ -293,7 +293,7 @@ def test_hidden_states_are_each_blocks_output_and_the_last_gives_the_logits(hype
             expected = x.mean(dim=2) if n else x
             assert (hidden[l] - expected).abs().max().item() < 1e-6, f"layer {l}"
         # The last hidden state is what the model reads its logits from.
-        assert torch.allclose(model.lm_head(model.ln_f(hidden[-1]))[..., :101], logits, atol=1e-5)
+        assert torch.allclose(model.lm_head(model.final_norm(hidden[-1]))[..., :101], logits, atol=1e-5)
 
 
 def sentences(n, seed=0):

@@ -19,17 +19,17 @@ import torch
 
 import prepare
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: scripts run from there
 TINY = ['--device=cpu', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4',
         '--gradient_accumulation_steps=1', '--eval_iters=2', '--log_interval=1', '--warmup_iters=2',
         '--learning_rate=3e-3', '--router_lr=3e-2', '--min_lr=3e-4']
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason='this machine has a CUDA GPU')
 
 
-def run(script, *args, cwd=HERE, torchrun=False):
+def run(script, *args, cwd=ROOT, torchrun=False):
     launcher = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2'] \
         if torchrun else [sys.executable]
-    return subprocess.run([*launcher, os.path.join(HERE, script), *args], capture_output=True, text=True,
+    return subprocess.run([*launcher, os.path.join(ROOT, script), *args], capture_output=True, text=True,
                           cwd=cwd, timeout=300, env={**os.environ, 'OMP_NUM_THREADS': '1'})
 
 
@@ -89,7 +89,7 @@ def case(name, script, args, message, needs_no_gpu=False):
 
 
 CASES = [
-    # devices this machine lacks, checked in configurator (resolve_device, which bench.py calls too)
+    # devices this machine lacks, checked in configurator.configure, which every script calls
     case('train-cuda', 'train.py', '--device=cuda', 'sees no CUDA GPU', needs_no_gpu=True),
     case('train-gpu', 'train.py', '--device=gpu', "got 'gpu'"),
     case('train-mps', 'train.py', '--device=mps', "got 'mps'"),
@@ -156,7 +156,7 @@ CASES = [
          '--cache_dir={scratch}/t --hellaswag_url=file:///nowhere/hs',
          'could not download file:///nowhere/hs/hellaswag_val.jsonl'),
     case('evaluate-data-of-no-shards', 'evaluate.py', '--out_dir={run} --task= --data_dir={files}',
-         'no *_val_*.bin shard in'),
+         'no *_val_*.bin shards in'),
     # data and checkpoints
     case('no-shard-holds-one-step', 'train.py', '{tiny} --data_dir={files}/short --out_dir={scratch}/o',
          'no training shard in'),
@@ -203,7 +203,7 @@ def test_torchrun_reports_a_bad_input_once(tmp_path):
 
 def test_a_second_run_into_a_busy_out_dir_is_refused(root, tmp_path):
     out = tmp_path / 'out'
-    cmd = [sys.executable, os.path.join(HERE, 'train.py'), *TINY, f'--data_dir={root / "data"}',
+    cmd = [sys.executable, os.path.join(ROOT, 'train.py'), *TINY, f'--data_dir={root / "data"}',
            f'--out_dir={out}', '--max_iters=100000']
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                           cwd=tmp_path) as first:

@@ -19,7 +19,7 @@ import evaluate
 import prepare
 from lime import GPT, GPTConfig
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: scripts run from there
 TINY = ['--device=cpu', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4',
         '--gradient_accumulation_steps=1', '--eval_iters=2', '--log_interval=10', '--warmup_iters=2',
         '--learning_rate=1e-2', '--router_lr=1e-1', '--min_lr=1e-3']
@@ -30,8 +30,8 @@ TASK = [{'context': 'Alice has a red', 'endings': ['car.', 'apple.'], 'label': 1
 
 
 def run(script, *args, check=True):
-    result = subprocess.run([sys.executable, os.path.join(HERE, script), *args], capture_output=True,
-                            text=True, cwd=HERE, timeout=300, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    result = subprocess.run([sys.executable, os.path.join(ROOT, script), *args], capture_output=True,
+                            text=True, cwd=ROOT, timeout=300, env={**os.environ, 'OMP_NUM_THREADS': '1'})
     if check:
         assert result.returncode == 0, f"{script} failed:\n{result.stdout}\n{result.stderr}"
     return result
@@ -132,11 +132,11 @@ def test_hellaswag_lines_are_read_as_they_are(tmp_path):
 def test_two_processes_share_the_examples_and_log_the_scores_of_one(trained, tmp_path):
     task = write_jsonl(tmp_path / 'task3.jsonl', TASK + TASK[:1])  # 3 examples: 2 on one process, 1 on one
     torchrun = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2',
-                os.path.join(HERE, 'train.py')]
+                os.path.join(ROOT, 'train.py')]
     result = subprocess.run([*torchrun, *TINY, f'--data_dir={trained / "data"}', f'--out_dir={tmp_path}',
                              '--max_iters=4', '--eval_interval=4', '--gradient_accumulation_steps=2',
                              f'--mc_task={task}', '--mc_interval=4'],
-                            capture_output=True, text=True, cwd=HERE, timeout=300,
+                            capture_output=True, text=True, cwd=ROOT, timeout=300,
                             env={**os.environ, 'OMP_NUM_THREADS': '1'})
     assert result.returncode == 0, result.stdout + result.stderr
     logged = [json.loads(line) for line in (tmp_path / 'log.txt').open()][-1]

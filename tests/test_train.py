@@ -1,6 +1,7 @@
 """
-Tests for train.py, sample.py and configurator.py, run as a user runs them: as commands, on a tiny
-model and the embedded Python-docs data set, on the CPU.
+Tests for train.py and the settings it reads through configurator.py, run as a user runs them: as
+commands, on a tiny model and the embedded Python-docs data set, on the CPU. test_sample.py and
+test_bench.py use its helpers.
 
     python -m pytest -q
 """
@@ -17,7 +18,7 @@ import torch
 
 import prepare
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: scripts run from there
 TINY = ['--device=cpu', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4',
         '--gradient_accumulation_steps=1', '--eval_iters=2', '--log_interval=1', '--warmup_iters=2',
         '--learning_rate=3e-3', '--router_lr=3e-2', '--min_lr=3e-4']
@@ -31,8 +32,8 @@ def data_dir(tmp_path_factory):
 
 
 def run(script, *args, check=True):
-    result = subprocess.run([sys.executable, os.path.join(HERE, script), *args], capture_output=True,
-                            text=True, cwd=HERE, timeout=300)
+    result = subprocess.run([sys.executable, os.path.join(ROOT, script), *args], capture_output=True,
+                            text=True, cwd=ROOT, timeout=300)
     if check:
         assert result.returncode == 0, f"{script} failed:\n{result.stdout}\n{result.stderr}"
     return result
@@ -96,10 +97,10 @@ def test_killed_run_resumes_exactly_like_an_uninterrupted_one(data_dir, tmp_path
     train(data_dir, tmp_path / 'whole', *common, '--max_iters=30')
     # The same run, killed (SIGKILL: no chance to clean up) soon after its first checkpoint.
     killed = tmp_path / 'killed'
-    cmd = [sys.executable, os.path.join(HERE, 'train.py'), *TINY, f'--data_dir={data_dir}',
+    cmd = [sys.executable, os.path.join(ROOT, 'train.py'), *TINY, f'--data_dir={data_dir}',
            f'--out_dir={killed}', *common, '--max_iters=1000']
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                          cwd=HERE) as proc:
+                          cwd=ROOT) as proc:
         for line in proc.stdout:
             if line.startswith('saved checkpoint'):
                 proc.send_signal(signal.SIGKILL)
@@ -169,8 +170,8 @@ def test_two_process_ddp_matches_one_process_with_the_same_global_batch(data_dir
               '--gradient_accumulation_steps=2']
     run('train.py', *common, f'--out_dir={tmp_path / "one"}')
     torchrun = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
-    result = subprocess.run([*torchrun, os.path.join(HERE, 'train.py'), *common,
-                             f'--out_dir={tmp_path / "two"}'], capture_output=True, text=True, cwd=HERE,
+    result = subprocess.run([*torchrun, os.path.join(ROOT, 'train.py'), *common,
+                             f'--out_dir={tmp_path / "two"}'], capture_output=True, text=True, cwd=ROOT,
                             timeout=300, env={**os.environ, 'OMP_NUM_THREADS': '1'})
     assert result.returncode == 0, result.stdout + result.stderr
     (one_train, one_val), (two_train, two_val) = read_log(tmp_path / 'one'), read_log(tmp_path / 'two')
@@ -211,7 +212,7 @@ def test_bad_values_and_config_files_give_one_clear_line(data_dir, tmp_path):
 def test_every_preset_parses_against_train_py_defaults(tmp_path):
     # Each preset's keys and types are checked against train.py's own defaults; the run then stops
     # at the first thing that needs data, which proves the whole config was accepted.
-    configs = sorted(f for f in os.listdir(os.path.join(HERE, 'config')) if f.endswith('.py'))
+    configs = sorted(f for f in os.listdir(os.path.join(ROOT, 'config')) if f.endswith('.py'))
     assert len(configs) >= 5
     for name in configs:
         result = run('train.py', os.path.join('config', name), f'--data_dir={tmp_path / "none"}', check=False)
@@ -237,28 +238,3 @@ def test_missing_or_damaged_data_and_checkpoints_are_named(data_dir, tmp_path):
     (tmp_path / 'o' / 'ckpt.pt').write_bytes(b'not a checkpoint')
     assert_clean_error(train(data_dir, tmp_path / 'o', '--init_from=resume', check=False),
                        'could not read checkpoint')
-
-
-def test_sample_reads_a_prompt_file_and_refuses_a_foreign_vocabulary(data_dir, tmp_path):
-    out = tmp_path / 'out'
-    train(data_dir, out, '--max_iters=2', '--eval_interval=2')
-    prompt = tmp_path / 'prompt.txt'
-    prompt.write_text('Lists are mutable')
-    result = run('sample.py', f'--out_dir={out}', f'--start=FILE:{prompt}', '--num_samples=1',
-                 '--max_new_tokens=5', '--device=cpu')
-    assert result.stdout.startswith('Lists are mutable')
-    assert_clean_error(run('sample.py', f'--out_dir={out}', '--start=FILE:nope.txt', check=False), 'nope.txt')
-    # Data with ids past the model's vocabulary is refused before training, naming the shard.
-    assert_clean_error(train(data_dir, tmp_path / 'small', '--vocab_size=1000', check=False),
-                       '_train_', 'vocab_size is 1000')
-
-
-def test_bench_prints_one_row_per_router_with_ratios_to_the_baseline():
-    # No --shape: on a CPU the default is the tiny shape, which runs in seconds.
-    result = run('bench.py', '--device=cpu', '--steps=2', '--warmup=1', '--routers=static,none,dynamic-plain')
-    # A markdown table: | shape | router | params | ms/step | tok/s | vs none | ...
-    rows = [[c.strip() for c in line.split('|')[1:-1]] for line in result.stdout.splitlines()
-            if line.startswith('| tiny ')]
-    assert [row[1] for row in rows] == ['none', 'static', 'dynamic-plain'], result.stdout
-    assert rows[0][5] == '1.000'
-    assert all(float(row[5]) > 0 for row in rows)

@@ -16,7 +16,7 @@ import tiktoken
 import prepare
 
 ENC = tiktoken.get_encoding("gpt2")  # loaded before the pool forks, so its workers need not load it again
-PREPARE_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "prepare.py")
+PREPARE_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "prepare.py")
 
 
 def make_texts(n):

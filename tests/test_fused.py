@@ -165,7 +165,7 @@ def test_fused_choice_is_not_part_of_the_model():
     copy.deepcopy(GPT(GPTConfig(**shape, fused=True)))  # a model holds no module object: it copies and pickles
     # Automatic on a machine without CUDA: the plain PyTorch mix, with no Triton in sight.
     if not torch.cuda.is_available():
-        assert GPT(GPTConfig(**shape)).blocks[1].attn.router.mixer.fused(torch.zeros(1)) is None
+        assert lime.fused_kernels(GPT(GPTConfig(**shape)).blocks[1].attn.router.fused, torch.zeros(1)) is None
 
 
 def test_fused_true_without_triton_is_a_clear_error(monkeypatch):
@@ -181,7 +181,7 @@ def test_train_py_with_fused_kernels_logs_the_same_losses_as_the_plain_mix(tmp_p
     import sys
 
     import prepare
-    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     data = tmp_path / 'data'
     prepare.main(['--out_dir', str(data), '--workers', '1'])
     common = ['--device=cpu', '--n_layer=3', '--n_head=2', '--n_embd=32', '--block_size=16', '--batch_size=2',
@@ -191,13 +191,13 @@ def test_train_py_with_fused_kernels_logs_the_same_losses_as_the_plain_mix(tmp_p
     for name, args in [('plain', ['--fused=False', '--max_iters=3']), ('fused', ['--fused=True', '--max_iters=3']),
                        ('switched', ['--fused=True', '--max_iters=2'])]:
         out = tmp_path / name
-        cmd = [sys.executable, os.path.join(here, 'train.py'), *common, *args, f'--out_dir={out}']
-        result = subprocess.run(cmd, capture_output=True, text=True, cwd=here, timeout=300)
+        cmd = [sys.executable, os.path.join(root, 'train.py'), *common, *args, f'--out_dir={out}']
+        result = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=300)
         assert result.returncode == 0, result.stdout + result.stderr
         if name == 'switched':  # resume the fused run with the plain mix for its last step
-            cmd = [sys.executable, os.path.join(here, 'train.py'), '--init_from=resume', '--device=cpu',
+            cmd = [sys.executable, os.path.join(root, 'train.py'), '--init_from=resume', '--device=cpu',
                    '--max_iters=3', '--fused=False', f'--out_dir={out}']
-            result = subprocess.run(cmd, capture_output=True, text=True, cwd=here, timeout=300)
+            result = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=300)
             assert result.returncode == 0, result.stdout + result.stderr
         with open(out / 'log.txt') as f:
             records = [json.loads(line) for line in f]
@@ -244,9 +244,9 @@ def test_fused_mix_under_ddp_and_compile_split_at_gradient_buckets(tmp_path):
     import sys
     script = tmp_path / 'ddp_fused.py'
     script.write_text(DDP_SCRIPT)
-    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     torchrun = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
-    result = subprocess.run([*torchrun, str(script), here], capture_output=True, text=True, timeout=300,
+    result = subprocess.run([*torchrun, str(script), root], capture_output=True, text=True, timeout=300,
                             env={**os.environ, 'OMP_NUM_THREADS': '1', 'TRITON_INTERPRET': '1'})
     assert result.returncode == 0, result.stdout + result.stderr
     assert float(result.stdout.split('max gradient difference')[1]) < 1e-5, result.stdout

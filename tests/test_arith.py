@@ -18,13 +18,13 @@ import torch
 import arith
 from prepare import read_shard
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: scripts run from there
 
 
 def run(script, *args):
     # One thread: the models here are tiny, and on a busy machine a second thread mostly waits for a core.
-    result = subprocess.run([sys.executable, os.path.join(HERE, script), *args], capture_output=True,
-                            text=True, cwd=HERE, timeout=300, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    result = subprocess.run([sys.executable, os.path.join(ROOT, script), *args], capture_output=True,
+                            text=True, cwd=ROOT, timeout=300, env={**os.environ, 'OMP_NUM_THREADS': '1'})
     assert result.returncode == 0, f"{script} failed:\n{result.stdout}\n{result.stderr}"
     return result.stdout
 
