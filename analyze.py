@@ -14,7 +14,7 @@ over cross-validation folds) of a linear classifier telling the tokens ' is', ' 
 ' were' of the validation shard apart, from the values the layer's attention reads at that token,
 then from the hidden state (the residual stream) after the layer. Chance is 25%; a layer whose
 representations have collapsed scores low. Other checkpoints get a note that the probe skips them.
-With matplotlib installed (pip install matplotlib) it also writes them as PNGs to fig_dir:
+With matplotlib installed (pip install matplotlib) plot.py also draws them as PNGs in fig_dir:
 routing_<name>.png per LIMe checkpoint, retrieval.png, entropy.png and probe.png, a checkpoint
 being named by its directory's basename.
 """
@@ -24,17 +24,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import plot  # draws the figures (matplotlib is optional: without it the tables are all there is)
 from configurator import configure, fail, or_fail
 from lime import load_model
 from prepare import gpt2_encoding, read_shard, shard_paths
-
-try:  # optional: without it the tables are all there is
-    import matplotlib
-    matplotlib.use('Agg')  # draw to files; no display needed
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-except ImportError:
-    plt = None
 
 # -----------------------------------------------------------------------------
 out_dirs = 'out/cpu_demo'  # comma-separated directories, each holding a ckpt.pt written by train.py
@@ -325,56 +318,6 @@ def render_curves(title, row_name, curves, fmt):
     return format_table(title, [row_name] + list(curves), rows)
 
 
-def plot_routing(path, name, weights):
-    L, G, _ = weights.shape
-    unreadable = torch.ones(L, L, dtype=torch.bool).triu(1)[:, None, :]  # (L, 1, L): source m > layer l
-    image = weights.masked_fill(unreadable, float('nan')).reshape(L * G, L)  # row l * G + g; nan: blank
-    fig, ax = plt.subplots(figsize=(1.5 + 0.4 * L, 1.5 + min(6.0, 0.25 * L * G)))
-    im = ax.imshow(image.numpy(), vmin=0.0, vmax=1.0, aspect='auto', interpolation='nearest')
-    for l in range(1, L):
-        ax.axhline(l * G - 0.5, color='white', linewidth=1)  # separates the layers' blocks of heads
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    labelled = range(0, L, max(1, L // 12))  # at most about a dozen layer labels
-    ax.set_yticks([l * G + (G - 1) / 2 for l in labelled], [str(l) for l in labelled])
-    ax.set(title=f'{name}: routing weights', xlabel='source layer', ylabel=f'layer ({G} kv heads each)')
-    fig.colorbar(im, ax=ax, label='share of the weight')
-    save(fig, path)
-
-
-def plot_curves(path, curves, title, xlabel, ylabel):
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    for name, ys in curves.items():
-        ax.plot(range(len(ys)), ys, marker='o', label=name)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # layers are whole numbers
-    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
-    ax.legend()
-    save(fig, path)
-
-
-def plot_probe(path, accuracy, chance):
-    """accuracy: {feature kind: {checkpoint name: [(mean, std) per layer]}}, a panel per kind."""
-    fig, axes = plt.subplots(1, len(accuracy), figsize=(4.5 * len(accuracy), 3.5), sharey=True, squeeze=False)
-    for ax, (kind, curves) in zip(axes[0], accuracy.items()):
-        for name, points in curves.items():
-            mean, std = np.array(points).T
-            layers = np.arange(len(mean))
-            line, = ax.plot(layers, mean, marker='o', label=name)
-            ax.fill_between(layers, mean - std, mean + std, color=line.get_color(), alpha=0.2)  # mean ± std
-        ax.axhline(chance, color='gray', linestyle='--', label='chance')
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # layers are whole numbers
-        ax.set(title=f'linear probe: {kind}', xlabel='layer', ylim=(0.0, 1.05))
-    axes[0, 0].set_ylabel('held-out accuracy')
-    axes[0, 0].legend()
-    save(fig, path)
-
-
-def save(fig, path):
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    print(f"wrote {path}")
-
-
 def validation_shard(data_dir):
     """(path, tokens) of the validation shard in data_dir, or one line saying why there is none."""
     path = or_fail(shard_paths, data_dir, 'val')[0]
@@ -453,24 +396,20 @@ def main(argv=None):
                                            f"{config['probe_folds']} folds (paper Figs. 7, 12)",
                                            'layer', accuracy[kind], '{0[0]:.3f} ± {0[1]:.3f}'))
 
-    if plt is None:
+    if plot.plt is None:
         print("\npip install matplotlib to get these as PNG figures")
         return
-    try:
-        os.makedirs(config['fig_dir'], exist_ok=True)
-    except OSError as e:
-        fail(f"cannot write figures to {config['fig_dir']}: {e.strerror}")
     print()  # a blank line between the last table and the figures' names
+    fig_dir = config['fig_dir']
     for name, weights in routing.items():
-        plot_routing(os.path.join(config['fig_dir'], f'routing_{name}.png'), name, weights)
+        plot.save(plot.routing_figure(name, weights), os.path.join(fig_dir, f'routing_{name}.png'))
     if retrieval:
-        plot_curves(os.path.join(config['fig_dir'], 'retrieval.png'), retrieval,
-                    'retrieval by later layers', 'source layer', 'mean routing weight')
-    plot_curves(os.path.join(config['fig_dir'], 'entropy.png'), entropy,
-                f"values' matrix entropy (alpha={config['alpha']})", 'layer', 'entropy (nats)')
+        plot.save(plot.layer_figure(retrieval, 'retrieval by later layers', 'source layer', 'mean routing weight'),
+                  os.path.join(fig_dir, 'retrieval.png'))
+    plot.save(plot.layer_figure(entropy, f"values' matrix entropy (alpha={config['alpha']})", 'layer',
+                                'entropy (nats)'), os.path.join(fig_dir, 'entropy.png'))
     if accuracy:
-        plot_probe(os.path.join(config['fig_dir'], 'probe.png'), accuracy, 1 / len(PROBE_WORDS))
-
+        plot.save(plot.probe_figure(accuracy, 1 / len(PROBE_WORDS)), os.path.join(fig_dir, 'probe.png'))
 
 if __name__ == '__main__':
     main()

@@ -205,9 +205,7 @@ def run_prepare(task):
 
 def read_task(data_dir):
     path = os.path.join(data_dir, 'task.json')
-    if not os.path.isfile(path):
-        fail(f"{path} not found: the checkpoint was not trained on `arith.py --mode=prepare` data")
-    task = read_json(path, 'task file')
+    task = read_json(path, 'task file', "the checkpoint was not trained on `arith.py --mode=prepare` data")
     if not isinstance(task, dict) or not {'seed', 'modulus', 'min_ops', 'max_ops', 'cot'} <= task.keys():
         fail(f"{path} is not the task.json that `arith.py --mode=prepare` writes")
     return task

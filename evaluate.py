@@ -1,6 +1,7 @@
 """
 evaluate.py: score a checkpoint beyond its validation loss: accuracy on multiple-choice benchmarks
-(HellaSwag, or any task in one JSON-lines format) and, given a data directory, bits per byte.
+(HellaSwag, or any task in one JSON-lines format) and, given a data directory, bits per byte. The
+scoring functions here are also what train.py calls to report both during training.
 
     python evaluate.py --out_dir=out/gpt2 --task=hellaswag             # downloads the validation split once
     python evaluate.py --out_dir=out/gpt2 --task=piqa_val.jsonl --shots=1 --train_file=piqa_train.jsonl

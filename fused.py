@@ -2,7 +2,7 @@
 fused.py: LIMe's mix of the layer memory as fused Triton kernels, forward and backward.
 
 lime.py's routers define the mix in plain PyTorch; this file computes the same numbers faster on a
-GPU (test_fused.py holds the two paths together). Layer l's mix reads S = l + 1 source tensors of
+GPU (tests/test_fused.py holds the two paths together). Layer l's mix reads S = l + 1 source tensors of
 the memory. In plain PyTorch that is a copy of the memory (torch.cat) or one kernel per source,
 with copies saved for backward, and torch.compile's graph grows as n_layer^2. Here each layer's mix
 is one custom op (one node in the compiled graph, so compiling stays fast at any depth) that reads

@@ -21,7 +21,6 @@ together; checkpoints, whose format is written and read here only.
 Shapes: B batch, T time, D width (n_embd), H query heads, G key/value heads, hs head size,
 S source layers a router reads (l + 1 at layer l). Keys and values travel together as one
 tensor kv of shape (B, T, 2, G, hs), because a router mixes both with the same weights.
-Einsum letters: b batch, t time, c key-or-value, g output head, h input head, d head size.
 
     python -c "import lime; lime.GPT(lime.GPTConfig(router='static'))"
 """
@@ -107,9 +106,8 @@ class StaticRouter(nn.Module):
     def __init__(self, config, layer_idx):
         super().__init__()
         G, S = config.n_kv_head, layer_idx + 1
-        self.top_p = config.router_top_p
+        self.top_p, self.fused = config.router_top_p, config.fused
         self.weight = nn.Parameter(torch.empty(G, S * G))  # R, row g: all (source layer, head) pairs
-        self.fused = config.fused
 
     def reset_parameters(self):
         # Paper init: identity on the layer's own heads (so it starts as its own keys/values plus
@@ -131,9 +129,8 @@ class StaticRouter(nn.Module):
     def forward(self, h, memory):  # memory: S tensors (B, T, 2, G, hs), layers 0..l
         if kernels := fused_kernels(self.fused, memory[0]):
             return kernels.static_mix(self.mix_weights(), memory)  # the same mix, in Triton kernels
-        # All S*G (layer, head) sources side by side, in R's column order, then one matmul per
-        # (b, t, key-or-value): (G, S*G) @ (S*G, hs). The copy costs memory, but one matmul is ~2x
-        # faster on a CPU than a small einsum per layer at 32 layers.
+        # All S*G (layer, head) sources side by side, in R's column order, then one matmul: the copy
+        # costs memory, but is ~2x faster on a CPU than a small einsum per layer at 32 layers.
         kv = torch.cat(list(memory), dim=3)  # (B, T, 2, S*G, hs); list(): torch.compile wants a plain list
         return self.mix_weights() @ kv  # (B, T, 2, G, hs)
 
@@ -146,9 +143,8 @@ class DynamicRouter(nn.Module):
     def __init__(self, config, layer_idx):
         super().__init__()
         self.n_kv_head, self.n_source = config.n_kv_head, layer_idx + 1
-        self.top_p = config.router_top_p
+        self.top_p, self.fused = config.router_top_p, config.fused
         self.proj = nn.Linear(config.n_embd, self.n_kv_head * self.n_source, bias=True)
-        self.fused = config.fused
 
     def reset_parameters(self):
         # Start close to the baseline: zero weights (every token routes alike at first, until the
@@ -208,9 +204,8 @@ class CausalSelfAttention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, hs)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, G, pos + T, hs): all tokens so far
-        # A prompt (T > 1) fills an empty cache, so causal masking lines up; a single new token
-        # attends to everything cached. (Without a cache it is a plain bool, even when
-        # torch.compile treats T as dynamic after seeing two lengths.)
+        # A prompt (T > 1) fills an empty cache, so causal masking lines up; a single new token attends
+        # to everything cached. (Without a cache, is_causal stays a plain bool under torch.compile.)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=cache is None or T > 1,
                                            enable_gqa=self.n_kv_head != self.n_head)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, D)
@@ -378,6 +373,8 @@ class KVCache:
 
 
 class GPT(nn.Module):
+    """The whole model: token embedding, n_layer blocks, final norm, and the output head tied to the
+    embedding. Its forward pass makes the layer memory that the blocks' attention fills and reads."""
 
     def __init__(self, config):
         super().__init__()

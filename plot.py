@@ -1,5 +1,6 @@
 """
-plot.py: draw what train.py and arith.py record, one figure and one Markdown table per command.
+plot.py: draw what train.py and arith.py record, one figure and one Markdown table per command; and,
+for analyze.py, the figures of what it measures inside checkpoints (every figure is drawn here).
 
     python plot.py --runs=out/none,out/static,out/dynamic                     # loss curves
     python plot.py --mode=arith --runs='out/arith/L4_*'                       # accuracy per operator count
@@ -20,12 +21,16 @@ import glob
 import os
 import statistics
 
+import numpy as np
+import torch
+
 from configurator import configure, fail, read_json
 
 try:
     import matplotlib
     matplotlib.use('Agg')  # draw to files; no display needed
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 except ImportError:
     plt = None
 
@@ -56,7 +61,7 @@ def run_dirs(spec):
 def read_log(run):
     """(the run's record, its step records) from run/log.txt."""
     path = os.path.join(run, 'log.txt')
-    records = read_json(path, 'log', lines=True)
+    records = read_json(path, 'log', lines=True)  # train.py's log.txt
     if not records or 'config' not in records[0]:
         fail(f"{path} does not open with the run's record (train.py writes one since plot.py exists): "
              "train the run again to plot it")
@@ -66,9 +71,7 @@ def read_log(run):
 def read_eval(run):
     """run/arith_eval.json: accuracy per operator count, keys turned back into ints."""
     path = os.path.join(run, 'arith_eval.json')
-    if not os.path.isfile(path):
-        fail(f"{path} not found: run `python arith.py --mode=eval --ckpt_dir={run}` first")
-    result = read_json(path, 'evaluation')
+    result = read_json(path, 'evaluation', f"run `python arith.py --mode=eval --ckpt_dir={run}` first")
     # Held-out accuracy is the paper's measure; where every expression is in training (1 operator)
     # there is none, and accuracy over all of them is what there is.
     return {int(k): v if v is not None else result['accuracy_all'][k] for k, v in result['accuracy'].items()}
@@ -220,14 +223,68 @@ def main(argv=None):
         fig = plot_depth(dirs, config['n_ops'])
     if fig is None:
         fail("drawing the figure needs matplotlib: pip install matplotlib (the table above is all there is)")
-    path = config['out'] or DEFAULT_OUT[config['mode']]
+    save(fig, config['out'] or DEFAULT_OUT[config['mode']], dpi=100)
+
+
+def save(fig, path, dpi=120):
+    """Write fig to path (making its directory), or one line saying why it cannot be written."""
     try:
         os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
         fig.tight_layout()
-        fig.savefig(path, dpi=100)
+        fig.savefig(path, dpi=dpi)
     except OSError as e:
         fail(f"cannot write {path}: {e.strerror}")
+    plt.close(fig)
     print(f"wrote {path}")
+
+
+# -----------------------------------------------------------------------------
+# analyze.py's figures: routing weights, a number per layer, the linear probe
+
+
+def routing_figure(name, weights):
+    """A checkpoint's routing weights (n_layer, G, n_layer) as a heatmap: a row per layer and kv head."""
+    L, G, _ = weights.shape
+    unreadable = torch.ones(L, L, dtype=torch.bool).triu(1)[:, None, :]  # (L, 1, L): source m > layer l
+    image = weights.masked_fill(unreadable, float('nan')).reshape(L * G, L)  # row l * G + g; nan: blank
+    fig, ax = plt.subplots(figsize=(1.5 + 0.4 * L, 1.5 + min(6.0, 0.25 * L * G)))
+    im = ax.imshow(image.numpy(), vmin=0.0, vmax=1.0, aspect='auto', interpolation='nearest')
+    for l in range(1, L):
+        ax.axhline(l * G - 0.5, color='white', linewidth=1)  # separates the layers' blocks of heads
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    labelled = range(0, L, max(1, L // 12))  # at most about a dozen layer labels
+    ax.set_yticks([l * G + (G - 1) / 2 for l in labelled], [str(l) for l in labelled])
+    ax.set(title=f'{name}: routing weights', xlabel='source layer', ylabel=f'layer ({G} kv heads each)')
+    fig.colorbar(im, ax=ax, label='share of the weight')
+    return fig
+
+
+def layer_figure(curves, title, xlabel, ylabel):
+    """Curves {checkpoint name: a number per layer}, a line each."""
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for name, ys in curves.items():
+        ax.plot(range(len(ys)), ys, marker='o', label=name)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # layers are whole numbers
+    ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+    ax.legend()
+    return fig
+
+
+def probe_figure(accuracy, chance):
+    """accuracy: {feature kind: {checkpoint name: [(mean, std) per layer]}}, a panel per kind."""
+    fig, axes = plt.subplots(1, len(accuracy), figsize=(4.5 * len(accuracy), 3.5), sharey=True, squeeze=False)
+    for ax, (kind, curves) in zip(axes[0], accuracy.items()):
+        for name, points in curves.items():
+            mean, std = np.array(points).T
+            layers = np.arange(len(mean))
+            line, = ax.plot(layers, mean, marker='o', label=name)
+            ax.fill_between(layers, mean - std, mean + std, color=line.get_color(), alpha=0.2)  # mean ± std
+        ax.axhline(chance, color='gray', linestyle='--', label='chance')
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # layers are whole numbers
+        ax.set(title=f'linear probe: {kind}', xlabel='layer', ylim=(0.0, 1.05))
+    axes[0, 0].set_ylabel('held-out accuracy')
+    axes[0, 0].legend()
+    return fig
 
 
 if __name__ == '__main__':

@@ -33,10 +33,7 @@ globals().update(config)
 torch.manual_seed(seed)
 
 if start.startswith('FILE:'):
-    path = start[len('FILE:'):]
-    if not os.path.isfile(path):
-        fail(f"prompt file not found: {path}")
-    start = read_text(path, 'prompt file')
+    start = read_text(start[len('FILE:'):], 'prompt file')
 enc = or_fail(gpt2_encoding)
 start_ids = enc.encode(start, allowed_special={'<|endoftext|>'})
 if not start_ids:

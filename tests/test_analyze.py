@@ -345,13 +345,13 @@ def test_probe_end_to_end_on_models_of_gpt2s_vocabulary(gpt2_checkpoints, tmp_pa
         tables[kind] = cells
     # Layer 0's values of a token are a function of that token alone: 4 points, always separable.
     assert tables["the values each layer's attention reads"][0] == [(1.0, 0.0), (1.0, 0.0)]
-    if analyze.plt is not None:
+    if analyze.plot.plt is not None:
         with open(tmp_path / 'probe.png', 'rb') as f:
             assert f.read(8) == b'\x89PNG\r\n\x1a\n'
     analyze.main(args + ['--probe=False', f'--fig_dir={tmp_path / "off"}'])
     stdout = capsys.readouterr().out
     assert 'linear probe' not in stdout and 'matrix entropy' in stdout
-    assert analyze.plt is None or not (tmp_path / 'off' / 'probe.png').exists()
+    assert analyze.plot.plt is None or not (tmp_path / 'off' / 'probe.png').exists()
 
 
 def test_probe_skips_checkpoints_of_another_vocabulary_with_a_note(checkpoints, tmp_path, capsys):

@@ -105,8 +105,8 @@ def test_bad_runs_give_one_clear_line(runs, tmp_path):
     not_evaluated = fake_run(tmp_path / 'trained_only', 'static', 1)
     for args, message in [(['--runs=' + str(tmp_path / 'nothing*')], 'no directory matches'),
                           (['--runs=' + str(tmp_path / 'old')], "does not open with the run's record"),
-                          (['--runs=' + str(tmp_path / 'absent')], 'could not read'),
-                          (['--mode=arith', '--runs=' + not_evaluated], 'arith_eval.json not found'),
+                          (['--runs=' + str(tmp_path / 'absent')], 'log not found'),
+                          (['--mode=arith', '--runs=' + not_evaluated], 'evaluation not found'),
                           (['--mode=bars'], "mode must be one of")]:
         result = plot(*args, check=False)
         assert result.returncode != 0 and message in result.stderr, (args, result.stderr)

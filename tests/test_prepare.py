@@ -1,6 +1,6 @@
 """
 Tests for prepare.py: the shard format, the val/train split, the sources and the error messages.
-Offline and CPU only: python -m pytest -q test_prepare.py
+Offline and CPU only: python -m pytest -q tests/test_prepare.py
 """
 import gzip
 import json
@@ -292,3 +292,19 @@ def test_interrupted_write_leaves_no_file_that_looks_like_a_shard(tmp_path, monk
             prepare.write_shard(path, np.arange(1000))
     assert sorted(os.listdir(tmp_path)) == ["old.bin"]  # no new.bin, and no temp file left behind
     assert np.array_equal(prepare.read_shard(old), np.arange(10))  # a failed rewrite keeps the old one whole
+
+
+def test_other_scripts_find_shards_in_order_and_get_one_clear_error(tmp_path):
+    # shard_paths / read_shard are how train.py, evaluate.py, analyze.py and arith.py find and read data.
+    for split, index in [("train", 2), ("val", 0), ("train", 1)]:
+        prepare.write_shard(prepare.shard_path(str(tmp_path), "x", split, index), [5, 1, 2])
+    assert prepare.shard_paths(str(tmp_path), "train") == [str(tmp_path / "x_train_000001.bin"),
+                                                           str(tmp_path / "x_train_000002.bin")]
+    assert list(prepare.read_shard(prepare.shard_paths(str(tmp_path), "val")[0], vocab_size=6)) == [5, 1, 2]
+    with pytest.raises(ValueError, match=r"x_val_000000.bin holds token id 5, but vocab_size is 5"):
+        prepare.read_shard(str(tmp_path / "x_val_000000.bin"), vocab_size=5)
+    with pytest.raises(ValueError, match=r"no \*_val_\*\.bin shards in .*nowhere/ \(there is no such directory\)"):
+        prepare.shard_paths(str(tmp_path / "nowhere"), "val")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"no \*_train_\*\.bin shards in .*empty/: write some with prepare.py"):
+        prepare.shard_paths(str(tmp_path / "empty"), "train")
