@@ -88,8 +88,7 @@ class GPTConfig:
 
 class LayerMemory(list):
     """LIMe's layer memory for one forward pass (GPT.forward makes it): the raw keys/values
-    (B, T, 2, G, hs) of every layer so far, appended in order; a plain list to the routers.
-    fused.py adds their gradients into one buffer kept here (grad), made at its first mix."""
+    (B, T, 2, G, hs) of every layer so far, in order. fused.py keeps their gradients' buffer in grad."""
 
     def __init__(self, n_layer):
         super().__init__()
@@ -109,9 +108,8 @@ class StaticRouter(nn.Module):
         self.top_p, self.fused = config.router_top_p, config.fused
         self.weight = nn.Parameter(torch.empty(G, S * G))  # R, row g: all (source layer, head) pairs
 
-    def reset_parameters(self):
-        # Paper init: identity on the layer's own heads (so it starts as its own keys/values plus
-        # noise) and kaiming-uniform elsewhere; an all-random init was reported worse.
+    def reset_parameters(self):  # the paper's: identity on its own heads, kaiming-uniform elsewhere
+        # (so it starts as its own keys/values plus noise; an all-random init was reported worse)
         G, fan_in = self.weight.shape
         bound = math.sqrt(3.0 / fan_in)
         with torch.no_grad():
@@ -119,8 +117,7 @@ class StaticRouter(nn.Module):
             self.weight[:, -G:] = torch.eye(G)
 
     def mix_weights(self):
-        """R as used in forward: (G, S * G), entries outside the top-p set zeroed (not renormalised:
-        the weights are signed and unnormalised)."""
+        """R as used: (G, S * G), entries outside the top-p set zeroed (signed weights: no renormalising)."""
         R = self.weight
         if self.top_p < 1.0:
             R = R * top_p_mask(R.abs(), self.top_p)  # per output head, over all (layer, head) sources
@@ -147,9 +144,8 @@ class DynamicRouter(nn.Module):
         self.proj = nn.Linear(config.n_embd, self.n_kv_head * self.n_source, bias=True)
 
     def reset_parameters(self):
-        # Start close to the baseline: zero weights (every token routes alike at first, until the
-        # gradients, which do depend on the token, pull them apart) and a bias that gives the
-        # layer's own keys/values 90% of the weight: e^b / (e^b + l) = 0.9 for b = log(9 l).
+        # Close to the baseline: zero weights (all tokens route alike until the gradients pull them
+        # apart) and a bias giving its own layer 90%: e^b / (e^b + l) = 0.9 for b = log(9 l).
         with torch.no_grad():
             self.proj.weight.zero_()
             bias = self.proj.bias.view(self.n_kv_head, self.n_source)
