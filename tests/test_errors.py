@@ -1,7 +1,9 @@
 """
 Bad input, across every script: each case must stop with a non-zero exit and one `error:` line that
 names the problem, no traceback, and leave every file of an earlier run as it was. Most cases stop
-before any training, in about two seconds; those that need a trained run share one.
+before any training; they run one after another in one Python process (BATCH, each as
+`python SCRIPT ARGS` would run it), which saves a torch import per case. prepare.py's (it forks
+tokenizer workers) and those that train run alone, as commands; those that need a trained run share one.
 
     python -m pytest -q test_errors.py
 """
@@ -82,10 +84,12 @@ def snapshot(root):
             for path in sorted(root.rglob('*')) if path.is_file()}
 
 
-def case(name, script, args, message, needs_no_gpu=False):
+def case(name, script, args, message, needs_no_gpu=False, alone=False):
     """script run with args (split at spaces; {tiny} stands for TINY, and {data}, {run}, {files} and
-    {scratch} for their directories) must fail with message in its error line."""
-    return pytest.param(script, args.split(), message, id=name, marks=[no_gpu] if needs_no_gpu else [])
+    {scratch} for their directories) must fail with message in its error line. alone: as a command of
+    its own, not in the batch."""
+    return pytest.param(name, script, args.split(), message, alone or script == 'prepare.py', id=name,
+                        marks=[no_gpu] if needs_no_gpu else [])
 
 
 CASES = [
@@ -172,23 +176,76 @@ CASES = [
          "not this task's 18"),
     # an earlier run: never lost to a repeated command, and resumed as it was saved
     case('repeated-command-keeps-the-run', 'train.py',
-         '{tiny} --data_dir={data} --out_dir={run} --max_iters=2 --eval_interval=2', '--init_from=resume'),
+         '{tiny} --data_dir={data} --out_dir={run} --max_iters=2 --eval_interval=2', '--init_from=resume',
+         alone=True),
     case('resume-contradicts-the-model', 'train.py',
          '--out_dir={run} --init_from=resume --device=cpu --block_size=64',
          "--block_size=64 contradicts the checkpoint's 32"),
     case('nan-before-any-checkpoint', 'train.py', '{tiny} --data_dir={data} --out_dir={scratch}/nan '
          '--learning_rate=1e30 --router_lr=1e30 --min_lr=0 --grad_clip=0 --max_iters=50',
-         'No checkpoint was saved before it'),
+         'No checkpoint was saved before it', alone=True),
 ]
 
+# Runs cases [(name, script, args, cwd)] one after another in this one process, each as
+# `python SCRIPT ARGS` in cwd would (a SystemExit's message goes to stderr, as Python prints it), and
+# prints, as JSON, each one's exit status, stderr, and whether any file under root (argv[1]) changed.
+BATCH = """
+import contextlib, hashlib, io, json, os, pathlib, runpy, sys, traceback
+root = pathlib.Path(sys.argv[1])
+def snapshot():
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob('*')) if p.is_file()}
+results = {}
+for name, script, args, cwd in json.load(sys.stdin):
+    if sys.path[0] != os.path.dirname(script):
+        sys.path.insert(0, os.path.dirname(script))  # as `python SCRIPT` puts the script's directory first
+    os.chdir(cwd)
+    sys.argv = [script, *args]
+    before, err, status = snapshot(), io.StringIO(), 0
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            runpy.run_path(script, run_name='__main__')
+        except SystemExit as e:
+            status = e.code if isinstance(e.code, int) else 1
+            if not isinstance(e.code, int) and e.code is not None:
+                print(e.code, file=sys.stderr)
+        except BaseException:
+            status = 1
+            traceback.print_exc()
+    results[name] = {'returncode': status, 'stderr': err.getvalue(), 'changed': snapshot() != before}
+print(json.dumps(results))
+"""
 
-@pytest.mark.parametrize('script, args, message', CASES)
-def test_bad_input_stops_with_one_error_line_and_changes_no_earlier_file(root, tmp_path, script, args,
-                                                                         message):
-    places = {'data': root / 'data', 'run': root / 'run', 'files': root / 'files', 'scratch': tmp_path}
-    args = [part for arg in args for part in (TINY if arg == '{tiny}' else [arg.format(**places)])]
+
+def case_args(root, scratch, args):
+    places = {'data': root / 'data', 'run': root / 'run', 'files': root / 'files', 'scratch': scratch}
+    return [part for arg in args for part in (TINY if arg == '{tiny}' else [arg.format(**places)])]
+
+
+@pytest.fixture(scope='module')
+def batch(root, tmp_path_factory):
+    """The results of the batched cases, by name: each ran with a scratch directory of its own."""
+    cases = []
+    for param in CASES:
+        name, script, args, _, alone = param.values
+        if not alone:
+            scratch = tmp_path_factory.mktemp(name)
+            cases.append((name, os.path.join(ROOT, script), case_args(root, scratch, args), str(scratch)))
+    result = subprocess.run([sys.executable, '-c', BATCH, str(root)], input=json.dumps(cases), capture_output=True,
+                            text=True, cwd=ROOT, timeout=600, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize('name, script, args, message, alone', CASES)
+def test_bad_input_stops_with_one_error_line_and_changes_no_earlier_file(root, batch, tmp_path, name, script,
+                                                                         args, message, alone):
+    if not alone:
+        ran = batch[name]
+        assert message in error_line(subprocess.CompletedProcess(script, ran['returncode'], '', ran['stderr']))
+        assert not ran['changed'], f"{name} changed a file of the earlier run"
+        return
     before = snapshot(root)
-    result = run(script, *args, cwd=tmp_path)
+    result = run(script, *case_args(root, tmp_path, args), cwd=tmp_path)
     assert message in error_line(result)
     assert snapshot(root) == before
 
