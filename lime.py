@@ -2,114 +2,94 @@
 lime.py: a LLaMA-style GPT with Layer-Integrated Memory (LIMe, arXiv 2502.09245), in one file.
 
 What differs from a plain GPT (nanoGPT's model.py):
-- LLaMA blocks: RMSNorm before attention and MLP, rotary position embeddings (RoPE), a SwiGLU MLP,
-  no biases, grouped-query attention (n_kv_head key/value heads shared by n_head query heads),
-  input and output embeddings tied, vocabulary padded to a multiple of 64.
+- LLaMA blocks: RMSNorm before attention and MLP, rotary position embeddings (RoPE), a SwiGLU
+  MLP, no biases, grouped-query attention (n_kv_head key/value heads shared by n_head query
+  heads), tied input and output embeddings, the vocabulary padded to a multiple of 64.
 - LIMe: every layer puts its raw (pre-RoPE) keys and values into a "layer memory". With
-  router='static' or 'dynamic', layer l >= 1 attends over a learned mix of the keys/values of
-  layers 0..l (StaticRouter, DynamicRouter) instead of its own alone. router='none' is the
+  router='static' or 'dynamic', layer l >= 1 attends over a learned mix of the keys and values
+  of layers 0..l (StaticRouter, DynamicRouter) instead of its own alone. router='none' is the
   plain LLaMA model, with no extra parameter and no extra work.
-- Hyper-connections (HC, arXiv 2409.19606), the paper's other baseline, as an option
-  (hyper_connections=n): the residual stream becomes n streams that every sub-layer reads a mix of
-  and writes back into (HyperConnection). It combines with any router.
+- Hyper-connections (HC, arXiv 2409.19606), the paper's other baseline, as an option: the
+  residual stream becomes n streams that each sub-layer reads a mix of and writes back into.
 - generate() keeps a KV cache of the *routed* keys/values: the same size as the baseline's.
 
-The file reads top down: the config; LIMe (the layer memory, the two routers, and the attention
-that appends to the memory and reads the routed mix); the LLaMA parts; the GPT that ties them
-together; checkpoints, whose format is written and read here only.
+The file reads top down: the config; LIMe (the two routers, and the attention that fills and
+reads the layer memory); the LLaMA parts; the GPT that ties them together; checkpoints.
 
 Shapes: B batch, T time, D width (n_embd), H query heads, G key/value heads, hs head size,
 S source layers a router reads (l + 1 at layer l). Keys and values travel together as one
 tensor kv of shape (B, T, 2, G, hs), because a router mixes both with the same weights.
 
-    python -c "import lime; lime.GPT(lime.GPTConfig(router='static'))"
+    python -c "import lime; print(lime.GPT(lime.GPTConfig(router='static')))"
 """
 import importlib.util
 import math
 import os
 import sys
 from dataclasses import asdict, dataclass
-from typing import Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 ROUTERS = ('none', 'static', 'dynamic')
-HAVE_TRITON = importlib.util.find_spec('triton') is not None  # for fused.py's kernels; optional
 
 
 @dataclass
 class GPTConfig:
-    block_size: int = 1024  # longest sequence the model sees; the RoPE tables and KV cache cover it
-    vocab_size: int = 50257  # GPT-2 BPE; the embedding is padded up to a multiple of 64 for speed
-    n_layer: int = 12  # depth: LIMe's memory and its cost grow with it
+    block_size: int = 1024  # longest sequence; the RoPE tables and the KV cache cover it
+    vocab_size: int = 50257  # GPT-2 BPE; the embedding is padded to a multiple of 64 for speed
+    n_layer: int = 12  # depth: LIMe's memory, and its cost, grow with it
     n_head: int = 12  # query heads
-    n_kv_head: int = 0  # key/value heads (grouped-query attention when < n_head); 0 means n_head
+    n_kv_head: int = 0  # key/value heads (grouped-query attention when < n_head); 0 = n_head
     n_embd: int = 768  # width of the residual stream
     mlp_hidden: int = 0  # SwiGLU hidden width; 0 means 4 * n_embd (the paper's 2048 -> 8192)
     rope_base: float = 10000.0  # RoPE wavelength base, as in LLaMA
-    router: str = 'none'  # 'none' = LLaMA; 'static' / 'dynamic' = LIMe routers over all earlier layers
-    router_top_p: float = 1.0  # keep the smallest set of sources holding this much routing mass; 1 = off
-    # How the routers compute their mix, not part of the model (checkpoints load either way):
-    # None = fused Triton kernels (fused.py) where they run natively, on CUDA with triton installed;
-    # True = always (on a CPU, through Triton's interpreter: slow, for tests); False = plain PyTorch.
-    fused: Optional[bool] = None
-    # Hyper-connections (the paper's other baseline): 0 = off (a plain residual stream), else the
-    # rate n, the number of residual streams (the paper's 4). Dynamic (per-token) by default.
-    hyper_connections: int = 0
-    hc_dynamic: bool = True  # False = static HC: the mixing weights are the same for every token
+    router: str = 'none'  # 'none' = LLaMA; 'static' / 'dynamic' = LIMe, reading all earlier layers
+    router_top_p: float = 1.0  # keep the fewest sources holding this share of routing mass; 1 = off
+    hyper_connections: int = 0  # HC: 0 = off (one residual stream), else n streams (paper: 4)
+    hc_dynamic: bool = True  # dynamic HC (per-token weights), as in the paper; False = static HC
 
     def __post_init__(self):
         self.n_kv_head = self.n_kv_head or self.n_head
         self.mlp_hidden = self.mlp_hidden or 4 * self.n_embd
-        if self.router not in ROUTERS:
-            raise ValueError(f"router must be one of {ROUTERS}, got {self.router!r}")
-        if self.n_embd % self.n_head or (self.n_embd // self.n_head) % 2:
-            raise ValueError(f"n_embd ({self.n_embd}) must split into n_head ({self.n_head}) heads "
-                             "of even size (RoPE rotates pairs of channels)")
-        if self.n_head % self.n_kv_head:
-            raise ValueError(f"n_head ({self.n_head}) must be a multiple of n_kv_head ({self.n_kv_head})")
-        if self.hyper_connections < 0:
-            raise ValueError("hyper_connections must be 0 (off) or the number of residual streams, "
-                             f"got {self.hyper_connections}")
-        if self.fused is True and not HAVE_TRITON:
-            raise ValueError("fused=True needs triton (pip install triton), or use fused=None / False")
-        if not 0.0 < self.router_top_p <= 1.0:
-            raise ValueError(f"router_top_p must be in (0, 1], got {self.router_top_p}")
         for name in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd'):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.router not in ROUTERS:
+            raise ValueError(f"router must be one of {ROUTERS}, got {self.router!r}")
+        if self.n_embd % self.n_head or (self.n_embd // self.n_head) % 2:
+            raise ValueError(f"n_embd ({self.n_embd}) must split into n_head ({self.n_head}) "
+                             "heads of even size (RoPE rotates pairs of channels)")
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"n_head ({self.n_head}) must be a multiple of n_kv_head "
+                             f"({self.n_kv_head})")
+        if not 0.0 < self.router_top_p <= 1.0:
+            raise ValueError(f"router_top_p must be in (0, 1], got {self.router_top_p}")
+        if self.hyper_connections < 0:
+            raise ValueError("hyper_connections must be 0 (off) or the number of streams, "
+                             f"got {self.hyper_connections}")
 
 
 # -----------------------------------------------------------------------------
-# LIMe: the layer memory, the routers that mix it, and the attention that fills and reads it
-
-
-class LayerMemory(list):
-    """LIMe's layer memory for one forward pass (GPT.forward makes it): the raw keys/values
-    (B, T, 2, G, hs) of every layer so far, in order. fused.py keeps their gradients' buffer in grad."""
-
-    def __init__(self, n_layer):
-        super().__init__()
-        self.n_layer = n_layer
-        self.grad = None
+# LIMe: two routers that mix the layer memory, and the attention that fills and reads it
 
 
 class StaticRouter(nn.Module):
     """LIMe's static router (paper v2): layer l's keys (and, with the same weights, values) for
-    kv head g are a learned signed mix of every kv head of every layer 0..l:
+    kv head g are a learned, signed mix of every kv head h of every layer m in 0..l:
         kv~[..., g, :] = sum_m sum_h R[g, m, h] * kv_m[..., h, :]
-    The same for every token: G * S * G weights per layer, nothing computed per token but the mix."""
+    The same weights for every token: G * S * G numbers per layer."""
 
     def __init__(self, config, layer_idx):
         super().__init__()
         G, S = config.n_kv_head, layer_idx + 1
-        self.top_p, self.fused = config.router_top_p, config.fused
-        self.weight = nn.Parameter(torch.empty(G, S * G))  # R, row g: all (source layer, head) pairs
+        self.top_p = config.router_top_p
+        self.weight = nn.Parameter(torch.empty(G, S * G))  # R; row g: all (layer, head) sources
 
-    def reset_parameters(self):  # the paper's: identity on its own heads, kaiming-uniform elsewhere
-        # (so it starts as its own keys/values plus noise; an all-random init was reported worse)
+    def reset_parameters(self):
+        # The paper's init: the identity on its own layer's heads, so that it starts by reading
+        # its own keys/values; small uniform noise elsewhere (an all-random init did worse).
         G, fan_in = self.weight.shape
         bound = math.sqrt(3.0 / fan_in)
         with torch.no_grad():
@@ -117,35 +97,36 @@ class StaticRouter(nn.Module):
             self.weight[:, -G:] = torch.eye(G)
 
     def mix_weights(self):
-        """R as used: (G, S * G), entries outside the top-p set zeroed (signed weights: no renormalising)."""
+        """R as used, (G, S * G): outside the top-p set zeroed (signed weights: no renormalising)."""
         R = self.weight
         if self.top_p < 1.0:
-            R = R * top_p_mask(R.abs(), self.top_p)  # per output head, over all (layer, head) sources
+            R = R * top_p_mask(R.abs(), self.top_p)  # per output head, over all its sources
         return R
 
     def forward(self, h, memory):  # memory: S tensors (B, T, 2, G, hs), layers 0..l
-        if kernels := fused_kernels(self.fused, memory[0]):
-            return kernels.static_mix(self.mix_weights(), memory)  # the same mix, in Triton kernels
-        # All S*G (layer, head) sources side by side, in R's column order, then one matmul: the copy
-        # costs memory, but is ~2x faster on a CPU than a small einsum per layer at 32 layers.
-        kv = torch.cat(list(memory), dim=3)  # (B, T, 2, S*G, hs); list(): torch.compile wants a plain list
-        return self.mix_weights() @ kv  # (B, T, 2, G, hs)
+        if mix_kernels is not None:
+            return mix_kernels.static_mix(self.mix_weights(), memory)  # the same, fused
+        # All S*G (layer, head) sources side by side in R's column order, then one matmul. The
+        # copy costs memory, but on a CPU it beats one small einsum per layer by ~2x at depth 32.
+        kv = torch.cat(list(memory), dim=3)  # (B, T, 2, S*G, hs); list(): compile wants a list
+        return self.mix_weights() @ kv  # (G, S*G) @ (..., S*G, hs) -> (B, T, 2, G, hs)
 
 
 class DynamicRouter(nn.Module):
-    """LIMe's dynamic router (paper v1): each token picks, per kv head, a softmax distribution over
-    the source layers 0..l from the layer's normed input h, and reads the same head of each:
-        a[t, g, :] = softmax((h_t Wr)[g, :]),   kv~[t, g] = sum_m a[t, g, m] * kv_m[t, g]"""
+    """LIMe's dynamic router (paper v1): each token picks, per kv head, a softmax distribution
+    over the source layers 0..l, computed from the layer's normed input h, and reads the same
+    head of each source layer:
+        a[t, g, :] = softmax((h_t Wr)[g, :]),    kv~[t, g] = sum_m a[t, g, m] * kv_m[t, g]"""
 
     def __init__(self, config, layer_idx):
         super().__init__()
         self.n_kv_head, self.n_source = config.n_kv_head, layer_idx + 1
-        self.top_p, self.fused = config.router_top_p, config.fused
-        self.proj = nn.Linear(config.n_embd, self.n_kv_head * self.n_source, bias=True)
+        self.top_p = config.router_top_p
+        self.proj = nn.Linear(config.n_embd, self.n_kv_head * self.n_source, bias=True)  # Wr
 
     def reset_parameters(self):
-        # Close to the baseline: zero weights (all tokens route alike until the gradients pull them
-        # apart) and a bias giving its own layer 90%: e^b / (e^b + l) = 0.9 for b = log(9 l).
+        # Close to the baseline: zero weights (every token routes alike until the gradients pull
+        # them apart) and a bias giving the own layer 90%: e^b / (e^b + l) = 0.9 for b = log(9 l).
         with torch.no_grad():
             self.proj.weight.zero_()
             bias = self.proj.bias.view(self.n_kv_head, self.n_source)
@@ -153,25 +134,26 @@ class DynamicRouter(nn.Module):
             bias[:, -1] = math.log(9.0 * (self.n_source - 1))
 
     def mix_weights(self, h):
-        """Routing probabilities (B, T, G, S): each token and head sums to 1 over source layers."""
+        """Routing probabilities (B, T, G, S): for each token and head they sum to 1."""
         B, T, _ = h.shape
-        probs = self.proj(h).view(B, T, self.n_kv_head, self.n_source).float().softmax(dim=-1)
+        logits = self.proj(h).view(B, T, self.n_kv_head, self.n_source)
+        probs = logits.float().softmax(dim=-1)
         if self.top_p < 1.0:
             probs = probs * top_p_mask(probs, self.top_p)
             probs = probs / probs.sum(-1, keepdim=True)  # the kept sources share all the weight
         return probs
 
     def forward(self, h, memory):  # memory: S tensors (B, T, 2, G, hs), layers 0..l
-        if kernels := fused_kernels(self.fused, memory[0]):
-            return kernels.dynamic_mix(self.mix_weights(h), memory)  # the same mix, in Triton kernels
+        if mix_kernels is not None:
+            return mix_kernels.dynamic_mix(self.mix_weights(h), memory)  # the same, fused
         probs = self.mix_weights(h).type_as(memory[0])  # (B, T, G, S)
-        # A weighted sum of the S tensors, pointwise, which torch.compile can fuse into one kernel.
+        # A weighted sum of S tensors, pointwise: torch.compile fuses it into one kernel.
         return sum(kv * probs[:, :, None, :, m, None] for m, kv in enumerate(memory))
 
 
 class CausalSelfAttention(nn.Module):
-    """Grouped-query attention that, in a LIMe model, appends its keys/values to the memory and
-    attends over its router's mix of the memory instead."""
+    """Grouped-query attention. In a LIMe model it appends its raw keys/values to the layer
+    memory, then attends over its router's mix of the memory instead of its own."""
 
     def __init__(self, config, layer_idx):
         super().__init__()
@@ -181,16 +163,16 @@ class CausalSelfAttention(nn.Module):
         self.q_proj = nn.Linear(config.n_embd, self.n_head * self.head_size, bias=False)
         self.kv_proj = nn.Linear(config.n_embd, 2 * self.n_kv_head * self.head_size, bias=False)
         self.o_proj = nn.Linear(self.n_head * self.head_size, config.n_embd, bias=False)
-        # LIMe: layer 0 has nothing earlier to read, so it has no router (paper Sec. 3).
+        # Layer 0 has nothing earlier to read, so it has no router (paper Sec. 3).
         router_class = {'static': StaticRouter, 'dynamic': DynamicRouter}.get(config.router)
-        self.router = router_class(config, layer_idx) if router_class and layer_idx > 0 else None
+        self.router = router_class(config, layer_idx) if router_class and layer_idx else None
 
     def forward(self, h, rotary, memory=None, cache=None):
         B, T, _ = h.shape
         q = self.q_proj(h).view(B, T, self.n_head, self.head_size)  # (B, T, H, hs)
         kv = self.kv_proj(h).view(B, T, 2, self.n_kv_head, self.head_size)  # (B, T, 2, G, hs)
         if memory is not None:
-            memory.append(kv)  # the raw keys/values of this layer, for this and all later layers
+            memory.append(kv)  # this layer's raw keys/values, for this and every later layer
         if self.router is not None:
             kv = self.router(h, memory)  # (B, T, 2, G, hs): the routed mix of layers 0..l
         k, v = kv.unbind(dim=2)  # (B, T, G, hs) each
@@ -199,42 +181,49 @@ class CausalSelfAttention(nn.Module):
         q, k = rotary(q, pos), rotary(k, pos)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, hs)
         if cache is not None:
-            k, v = cache.update(self.layer_idx, k, v)  # (B, G, pos + T, hs): all tokens so far
-        # A prompt (T > 1) fills an empty cache, so causal masking lines up; a single new token attends
-        # to everything cached. (Without a cache, is_causal stays a plain bool under torch.compile.)
+            k, v = cache.update(self.layer_idx, k, v)  # (B, G, pos + T, hs): every token so far
+        # A prompt (T > 1) fills an empty cache, so the causal mask lines up; one new token
+        # attends to everything cached. (Without a cache is_causal stays a plain bool for compile.)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=cache is None or T > 1,
                                            enable_gqa=self.n_kv_head != self.n_head)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, D)
 
 
-# The routers' two options: pruning (top-p) and the fused kernels (fused.py)
-
-
 def top_p_mask(weights, p):
-    """1.0 for the smallest set of entries along the last dim holding at least a share p of the
-    total (non-negative) weight, 0.0 elsewhere (paper v1's pruning of routing weights)."""
+    """1.0 for the smallest set of entries along the last dim that holds at least a share p of
+    the total (non-negative) weight, 0.0 elsewhere (paper v1's pruning of routing weights)."""
     if p >= 1.0:
         return torch.ones_like(weights)  # keep all (the cumsum below could round just past 1)
-    weights = weights.detach()  # the mask is a selection: gradients flow through the kept weights
+    weights = weights.detach()  # the mask only selects: gradients flow through the kept weights
     share = weights / weights.sum(-1, keepdim=True).clamp_min(1e-30)
     sorted_share, order = share.sort(dim=-1, descending=True)
-    mass_before = sorted_share.cumsum(-1) - sorted_share  # mass of the entries ranked above each one
+    mass_before = sorted_share.cumsum(-1) - sorted_share  # the mass ranked above each entry
     keep = (mass_before < p).to(weights.dtype)  # keep entries until the kept mass reaches p
     return torch.zeros_like(keep).scatter(-1, order, keep)
 
 
-def fused_kernels(fused, x):
-    """fused.py, when GPTConfig.fused (here fused) asks for its Triton kernels for a mix of tensors
-    like x; None for lime.py's plain PyTorch mix, which is the definition (the kernels compute the
-    same numbers, faster)."""
-    if fused is True or (fused is None and x.is_cuda and HAVE_TRITON):
-        import fused as kernels  # loaded by GPT.__init__ already: this only names it
-        return kernels
-    return None
+# The routers' mix is defined by the plain PyTorch above. kernels/fused.py computes the same
+# numbers in fused Triton kernels, faster on a GPU; use_fused_kernels() switches to them.
+mix_kernels = None
+
+
+def use_fused_kernels(fused, device):
+    """Where the routers' mix runs from now on, for every model: fused=True, kernels/fused.py
+    (on a CPU through Triton's interpreter: slow, for tests); False, the plain PyTorch here;
+    None, the kernels where they run natively (CUDA, with triton installed)."""
+    global mix_kernels
+    have_triton = importlib.util.find_spec('triton') is not None
+    if fused is True and not have_triton:
+        raise ValueError("fused=True needs triton (pip install triton); or use fused=None / False")
+    if fused is False or (fused is None and not (have_triton and str(device).startswith('cuda'))):
+        mix_kernels = None
+    else:
+        from kernels import fused as kernels  # imported now, not inside a traced forward
+        mix_kernels = kernels
 
 
 # -----------------------------------------------------------------------------
-# The LLaMA parts: norm, rotary embedding, MLP, (optional) hyper-connections, the block; the KV cache
+# The LLaMA parts: norm, rotary embedding, MLP, (optional) hyper-connections, the block, KV cache
 
 
 class RMSNorm(nn.Module):
@@ -250,15 +239,15 @@ class RMSNorm(nn.Module):
 
 
 class Rotary(nn.Module):
-    """Rotary position embedding: rotate channel pairs of q and k by position-dependent angles,
-    so that q . k depends only on the distance between the two tokens."""
+    """Rotary position embedding: rotate channel pairs of q and k by angles that grow with the
+    position, so that q . k depends only on the distance between the two tokens."""
 
     def __init__(self, head_size, max_len, base):
         super().__init__()
         inv_freq = base ** (-torch.arange(0, head_size, 2, dtype=torch.float32) / head_size)
-        angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)  # (max_len, hs/2)
-        # Not saved in checkpoints: they are a function of the config.
-        self.register_buffer('cos', angles.cos()[:, None, :], persistent=False)  # (max_len, 1, hs/2)
+        angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)  # (T, hs/2)
+        # Not saved in checkpoints: they follow from the config.
+        self.register_buffer('cos', angles.cos()[:, None, :], persistent=False)  # (T, 1, hs/2)
         self.register_buffer('sin', angles.sin()[:, None, :], persistent=False)
 
     def forward(self, x, pos=0):  # x: (B, T, heads, hs), its first token at position pos
@@ -286,20 +275,20 @@ class HyperConnection(nn.Module):
     (attention or MLP). The residual stream is n streams H (B, T, n, D); the sub-layer reads one
     mix of them, and its output is spread over the streams while they also mix among themselves:
         h = A_m^T H,    H' = B^T T(h) + A_r^T H
-    with A_m (n,), A_r (n, n), B (n,) learned: static HC. Dynamic HC (the default, as in the LIMe
-    authors' code) adds a per-token correction read from each stream's normed vector:
+    with A_m (n,), A_r (n, n), B (n,) learned: static HC. Dynamic HC (as in the LIMe authors'
+    code) adds a per-token correction read from each stream's normed vector:
         A_m(H) = A_m + s_a tanh(norm(H) W_m),  A_r(H) = A_r + s_a tanh(norm(H) W_r),
         B(H) = B + s_b tanh(norm(H) W_b)^T,    W = [W_m | W_r | W_b]: (D, n + 2)
     Init: A_m = e_(k mod n) for sub-layer k, A_r = I, B = 1, W = 0, s_a = s_b = 0.01. Then every
     stream holds the baseline's residual x + T(x) exactly, and the model is the baseline."""
 
-    def __init__(self, config, index):  # index k: the sub-layer's place, 2 per block (attn, mlp)
+    def __init__(self, config, index):  # index k: the sub-layer's place, 2 per block
         super().__init__()
         n = self.rate = config.hyper_connections
         self.index = index
         self.static_alpha = nn.Parameter(torch.empty(n, n + 1))  # [A_m | A_r], row i: stream i
         self.static_beta = nn.Parameter(torch.empty(n))  # B
-        self.proj = nn.Linear(config.n_embd, n + 2, bias=False) if config.hc_dynamic else None  # W
+        self.proj = nn.Linear(config.n_embd, n + 2, bias=False) if config.hc_dynamic else None
         if config.hc_dynamic:
             self.alpha_scale = nn.Parameter(torch.empty(()))  # s_a
             self.beta_scale = nn.Parameter(torch.empty(()))  # s_b
@@ -316,13 +305,13 @@ class HyperConnection(nn.Module):
                 self.alpha_scale.fill_(0.01)
                 self.beta_scale.fill_(0.01)
 
-    def forward(self, H, branch):  # H: (B, T, n, D); branch: the sub-layer, (B, T, D) -> (B, T, D)
+    def forward(self, H, branch):  # H: (B, T, n, D); branch: the sub-layer, (B, T, D) -> same
         alpha, beta = self.static_alpha, self.static_beta  # (n, n + 1), (n,)
         if self.proj is not None:
-            dyn = torch.tanh(self.proj(F.rms_norm(H, (H.size(-1),), eps=1e-5)))  # (B, T, n, n + 2)
+            dyn = torch.tanh(self.proj(F.rms_norm(H, (H.size(-1),), eps=1e-5)))  # (B, T, n, n+2)
             alpha = alpha + self.alpha_scale * dyn[..., :-1]  # (B, T, n, n + 1)
             beta = beta + self.beta_scale * dyn[..., -1]  # (B, T, n)
-        mixed = alpha.transpose(-1, -2) @ H  # (..., n + 1, D): A_m^T H, then A_r^T H, in one matmul
+        mixed = alpha.transpose(-1, -2) @ H  # (..., n + 1, D): A_m^T H, then A_r^T H
         return mixed[..., 1:, :] + beta[..., None] * branch(mixed[..., 0, :])[..., None, :]
 
 
@@ -334,7 +323,7 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config, layer_idx)
         self.mlp_norm = RMSNorm(config.n_embd)
         self.mlp = MLP(config)
-        # With hyper-connections, x is n streams (B, T, n, D) and these replace the two residual adds.
+        # With hyper-connections x is n streams (B, T, n, D), and these replace the residual adds.
         hc = config.hyper_connections
         self.hc_attn = HyperConnection(config, 2 * layer_idx) if hc else None
         self.hc_mlp = HyperConnection(config, 2 * layer_idx + 1) if hc else None
@@ -349,8 +338,8 @@ class Block(nn.Module):
 
 class KVCache:
     """Keys and values of past tokens for generation, after routing and RoPE, per layer. Routing
-    mixes layers at the same position only, so a past token's routed keys/values never change:
-    a LIMe model caches exactly what a plain transformer does, at the same size."""
+    mixes layers at one position only, so a past token's routed keys/values never change: a LIMe
+    model caches exactly what a plain transformer does, at the same size."""
 
     def __init__(self, n_layer, max_len):
         self.n_layer, self.max_len = n_layer, max_len
@@ -369,8 +358,8 @@ class KVCache:
 
 
 class GPT(nn.Module):
-    """The whole model: token embedding, n_layer blocks, final norm, and the output head tied to the
-    embedding. Its forward pass makes the layer memory that the blocks' attention fills and reads."""
+    """The whole model: token embedding, n_layer blocks, final norm, and the output head tied to
+    the embedding. Its forward pass makes the layer memory that the attention layers share."""
 
     def __init__(self, config):
         super().__init__()
@@ -382,22 +371,23 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, padded_vocab, bias=False)
         self.lm_head.weight = self.embed.weight  # tied input/output embeddings
         self.rotary = Rotary(config.n_embd // config.n_head, config.block_size, config.rope_base)
+        # -inf for the padded ids: added to the logits, it gives them probability 0 exactly, and
+        # the loss needs no slice of the logits (a slice's copy and backward cost ~15% on a CPU).
+        pad = torch.zeros(padded_vocab)
+        pad[config.vocab_size:] = float('-inf')
+        self.register_buffer('pad_bias', pad, persistent=False)
         self.init_weights()
-        if config.router != 'none' and (config.fused or config.fused is None and HAVE_TRITON
-                                        and torch.cuda.is_available()):
-            import fused  # noqa: F401  loads triton now, not inside a forward that torch.compile traces
 
     def routers(self):
-        return [block.attn.router for block in self.blocks if block.attn.router is not None]
+        return [b.attn.router for b in self.blocks if b.attn.router is not None]
 
     def hyper_connections(self):
-        return [hc for block in self.blocks for hc in (block.hc_attn, block.hc_mlp) if hc is not None]
+        return [hc for b in self.blocks for hc in (b.hc_attn, b.hc_mlp) if hc is not None]
 
     def init_weights(self):
-        """All initialisation in one place: GPT-2's normal(0, 0.02), with the projections that add
-        into the residual stream scaled by 1/sqrt(2 n_layer) so its variance does not grow with
-        depth; norms start at 1; routers and hyper-connections start as in their papers (see their
-        reset_parameters)."""
+        """All initialisation in one place: GPT-2's normal(0, 0.02), with the projections that
+        add into the residual stream scaled by 1/sqrt(2 n_layer) so its variance does not grow
+        with depth; norms start at 1; routers and HC as in their papers (reset_parameters)."""
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
@@ -412,36 +402,37 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None, cache=None):
         """idx: (B, T) token ids. Returns logits (B, T, vocab_size) and, given targets (B, T),
         the mean cross-entropy (targets of -1 are ignored). With a cache, idx continues it."""
+        cfg = self.config
         T = idx.size(1)
-        start = cache.pos if cache is not None else 0
-        if start + T > self.config.block_size:
-            raise ValueError(f"sequence of {start + T} tokens > block_size {self.config.block_size}")
+        if (cache.pos if cache is not None else 0) + T > cfg.block_size:
+            raise ValueError(f"a sequence of more than block_size {cfg.block_size} tokens")
         x = self.embed(idx)  # (B, T, D)
-        n = self.config.hyper_connections
-        if n:
-            x = x.unsqueeze(2).expand(-1, -1, n, -1)  # (B, T, n, D): n copies of the embedding
-        memory = LayerMemory(self.config.n_layer) if self.config.router != 'none' else None
+        if cfg.hyper_connections:
+            x = x.unsqueeze(2).expand(-1, -1, cfg.hyper_connections, -1)  # (B, T, n, D): copies
+        # LIMe's layer memory: each attention layer appends its raw keys/values, in order. Fused
+        # kernels bring a list of their own, which also holds one buffer for its gradients.
+        memory = None
+        if cfg.router != 'none':
+            memory = mix_kernels.LayerMemory(cfg.n_layer) if mix_kernels is not None else []
         for block in self.blocks:
             x = block(x, self.rotary, memory, cache)
         if cache is not None:
             cache.pos += T
-        if n:
-            # The HC authors sum the streams; the mean is the same through the norm below, but for
-            # its eps, and keeps the model exactly the baseline at init (the sum is n times it).
+        if cfg.hyper_connections:
+            # The HC authors sum the streams; the mean is the same through the norm below (but for
+            # its eps) and keeps the model exactly the baseline at init.
             x = x.mean(dim=2)  # (B, T, D)
-        x = self.final_norm(x)
-        logits = self.lm_head(x)[..., :self.config.vocab_size]  # the padded ids are never predicted
+        logits = F.linear(self.final_norm(x), self.lm_head.weight, self.pad_bias)  # (B, T, V_pad)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1),
-                                   ignore_index=-1)
-        return logits, loss
+            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
+        return logits[..., :cfg.vocab_size], loss  # a view: the padded ids are never predicted
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None):
         """Continue idx (B, T) by max_new_tokens tokens, one at a time, with a KV cache.
         temperature 0 (or top_k 1) is greedy. When the cache is full (block_size tokens), it is
-        rebuilt from the most recent block_size // 2 tokens, so generation can go on forever."""
+        rebuilt from the latest block_size // 2 tokens, so generation can go on for ever."""
         block_size = self.config.block_size
         cache = KVCache(self.config.n_layer, block_size)
         pending = idx[:, -block_size:]  # tokens not in the cache yet
@@ -463,23 +454,22 @@ class GPT(nn.Module):
             pending = next_id
         return idx
 
-    # ------------------------------------------------------------------------------------------
-    # Training helpers: optimizer groups, FLOPs and MFU
+    # -------------------------------------------------------------------------------------------
+    # For training: optimizer groups, FLOPs and MFU
 
     def configure_optimizers(self, weight_decay, learning_rate, router_lr, betas=(0.9, 0.95),
                              eps=1e-8, fused=False):
         """AdamW with the paper's groups: matrices decay, vectors (norm gains, biases) do not;
         router parameters train at router_lr (paper: 10x), and the static router's R is not
-        decayed (decay would pull it away from its identity init, toward reading nothing).
-        Hyper-connections, as their authors do: the static A and B are not decayed (for the same
-        reason), the dynamic W is; all at learning_rate."""
+        decayed (decay would pull it from its identity init toward reading nothing). HC as its
+        authors do: the static A and B are not decayed (for the same reason), the dynamic W is."""
         router_params = {p for r in self.routers() for p in r.parameters()}
-        static_params = {r.weight for r in self.routers() if isinstance(r, StaticRouter)}
-        static_params |= {p for hc in self.hyper_connections() for p in (hc.static_alpha, hc.static_beta)}
-        # Groups by role, not by value, so a checkpoint's optimizer state fits any learning rates.
-        groups = {('main', True): [], ('main', False): [], ('router', True): [], ('router', False): []}
+        no_decay = {r.weight for r in self.routers() if isinstance(r, StaticRouter)}
+        no_decay |= {p for hc in self.hyper_connections() for p in (hc.static_alpha, hc.static_beta)}
+        # Groups by role, not by value, so a checkpoint's optimizer state fits any learning rate.
+        groups = {(role, decay): [] for role in ('main', 'router') for decay in (True, False)}
         for p in self.parameters():
-            decay = p.dim() >= 2 and p not in static_params
+            decay = p.dim() >= 2 and p not in no_decay
             groups['router' if p in router_params else 'main', decay].append(p)
         param_groups = [{'params': params, 'lr': router_lr if role == 'router' else learning_rate,
                          'weight_decay': weight_decay if decay else 0.0}
@@ -491,20 +481,20 @@ class GPT(nn.Module):
 
     def flops_per_token(self, seq_len=None):
         """Training FLOPs per token (forward + backward = 3x forward), PaLM-style: 6 per weight
-        used in a matmul, plus attention scores, plus LIMe's mixing of keys/values, plus the
-        hyper-connections' mixing of the streams."""
+        used in a matmul, plus attention scores, plus LIMe's mix of keys/values, plus HC's mix of
+        the streams."""
         cfg = self.config
         T = seq_len or cfg.block_size
         hs = cfg.n_embd // cfg.n_head
-        static_weights = sum(r.weight.numel() for r in self.routers() if isinstance(r, StaticRouter))
+        static = sum(r.weight.numel() for r in self.routers() if isinstance(r, StaticRouter))
         hc_weights = sum(p.numel() for hc in self.hyper_connections() for p in hc.parameters())
-        matmuls = 6 * (self.num_params() - static_weights - hc_weights)  # includes lm_head via the tied embedding
-        attention = 6 * 2 * cfg.n_layer * cfg.n_head * hs * T  # q.k and attn @ v, one multiply-add each
-        # Each static weight R[g, m, h] is one multiply-add per channel of k and of v (2 * hs);
-        # dynamic: one multiply-add per (head, source layer, channel of k and v).
-        dynamic_weights = sum(cfg.n_kv_head * r.n_source for r in self.routers()
-                              if isinstance(r, DynamicRouter))
-        routing = 6 * 2 * hs * (static_weights + dynamic_weights)
+        matmuls = 6 * (self.num_params() - static - hc_weights)  # lm_head: the tied embedding
+        attention = 6 * 2 * cfg.n_layer * cfg.n_head * hs * T  # q.k and attn @ v
+        # Each static weight R[g, m, h] is one multiply-add per channel of k and of v (2 hs);
+        # dynamic: one per (head, source layer, channel of k and v).
+        dynamic = sum(cfg.n_kv_head * r.n_source for r in self.routers()
+                      if isinstance(r, DynamicRouter))
+        routing = 6 * 2 * hs * (static + dynamic)
         # HC, per sub-layer and token, one multiply-add per channel for each of: A_m and A_r
         # (n (n + 1)), B (n), and if dynamic W on each of the n streams (n (n + 2) again).
         n = cfg.hyper_connections
@@ -512,25 +502,21 @@ class GPT(nn.Module):
         return matmuls + attention + routing + hc
 
     def estimate_mfu(self, tokens_per_second, peak_flops=989e12, seq_len=None):
-        """Model FLOPs utilisation: achieved training FLOP/s over the device's peak (default: H100
-        SXM bf16 dense, 989 TFLOP/s)."""
+        """Model FLOPs utilisation: training FLOP/s over the device's peak (default: H100 SXM
+        bf16 dense, 989 TFLOP/s)."""
         return self.flops_per_token(seq_len) * tokens_per_second / peak_flops
 
 
 # -----------------------------------------------------------------------------
-# Checkpoints: their format is written and read here only. A checkpoint is a dict: the model's weights
-# ('model') and GPTConfig ('model_args'), beside whatever train.py keeps to resume ('optimizer', 'step'...).
-
-# Layers renamed since earlier checkpoints were written: (old, new) pieces of a weight's name.
-RENAMED = [('.wte.', '.embed.'), ('.ln_f.', '.final_norm.'), ('.ln_1.', '.attn_norm.'), ('.ln_2.', '.mlp_norm.'),
-           ('.mlp.c_fc.', '.mlp.gate_up_proj.'), ('.mlp.c_proj.', '.mlp.down_proj.')]
+# Checkpoints, written and read here only: a dict of the model's weights ('model') and its
+# GPTConfig ('model_args'), beside what train.py keeps to resume ('optimizer', 'step', ...).
 
 
 def save_checkpoint(path, model, **state):
-    """Write model's weights and config, and state, to path atomically: into a temporary file that is
-    then renamed over path, so a process killed mid-write leaves the previous checkpoint whole."""
+    """Write model's weights and config, and state, to path atomically: into a temporary file
+    that is then renamed, so a process killed mid-write leaves the previous checkpoint whole."""
     checkpoint = {'model': model.state_dict(), 'model_args': asdict(model.config), **state}
-    tmp = f"{path}.{os.getpid()}.tmp"  # this process's own name: no other can write to it
+    tmp = f"{path}.{os.getpid()}.tmp"  # this process's own name: no other writes to it
     try:
         with open(tmp, 'wb') as f:
             torch.save(checkpoint, f)
@@ -544,40 +530,40 @@ def save_checkpoint(path, model, **state):
 
 
 def load_checkpoint(path, device, keys=('model', 'model_args')):
-    """The checkpoint at path, on device, holding at least keys; its weights under today's names.
-    Raises ValueError, with one line saying why, if it is missing, unreadable or something else."""
+    """The checkpoint at path, on device, holding at least keys. Raises ValueError, with one
+    line saying why, if it is missing, unreadable or something else."""
     if not os.path.isfile(path):
         raise ValueError(f"no checkpoint at {path} (train.py writes one to its out_dir)")
     try:
         checkpoint = torch.load(path, map_location=device)
-    except Exception as e:  # torch's messages run to many lines: keep the last, most specific one
-        lines = [line for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+    except Exception as e:
         raise ValueError(f"could not read checkpoint {path} (damaged, or not saved by train.py): "
-                         f"{lines[-1].strip()}") from None
-    missing = [key for key in keys if not isinstance(checkpoint, dict) or key not in checkpoint]
+                         f"{last_line(e)}") from None
+    missing = [k for k in keys if not isinstance(checkpoint, dict) or k not in checkpoint]
     if missing:
-        raise ValueError(f"{path} is not a checkpoint saved by train.py: it lacks {', '.join(missing)}")
-    if 'model' in checkpoint:
-        weights = {}
-        for name, tensor in checkpoint['model'].items():
-            name = '.' + name
-            for old, new in RENAMED:
-                name = name.replace(old, new)
-            weights[name[1:]] = tensor
-        checkpoint['model'] = weights
+        raise ValueError(f"{path} is not a checkpoint saved by train.py: it lacks "
+                         f"{', '.join(missing)}")
+    if 'model_args' in checkpoint:
+        checkpoint['model_args'].pop('fused', None)  # was a config field: how, not what, to run
     return checkpoint
 
 
-def load_model(path, device, fused=None):
-    """The model in the checkpoint at path, in eval mode on device, and the checkpoint itself. fused
-    (see GPTConfig) is how to compute LIMe's mix here, whatever the training run used. Raises
-    ValueError, with one line saying why, if it does not load."""
-    checkpoint = load_checkpoint(path, device, keys=('model', 'model_args', 'step', 'best_val_loss'))
+def load_model(path, device):
+    """The model in the checkpoint at path, in eval mode on device, and the checkpoint itself.
+    Raises ValueError, with one line saying why, if it does not load."""
+    checkpoint = load_checkpoint(path, device, ('model', 'model_args', 'step', 'best_val_loss'))
     try:
-        model = GPT(GPTConfig(**{**checkpoint['model_args'], 'fused': fused}))
+        model = GPT(GPTConfig(**checkpoint['model_args']))
         model.load_state_dict(checkpoint['model'])
     except (TypeError, ValueError, RuntimeError) as e:  # saved by another version of lime.py?
-        raise ValueError(f"{path}: its model does not load into this lime.py: {str(e).splitlines()[0]}") from None
+        raise ValueError(f"{path}: its model does not load into this lime.py: {last_line(e)}") from None
     print(f"loaded {path}: step {checkpoint['step']}, router={model.config.router}, "
           f"val loss {checkpoint['best_val_loss']:.4f}", file=sys.stderr)
     return model.eval().to(device), checkpoint
+
+
+def last_line(error):
+    """torch's messages run to many lines; the last is the most specific (for size mismatches
+    and missing weights it names the weight)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[-1] if lines else type(error).__name__

@@ -5,7 +5,7 @@ Tokenize text with the GPT-2 BPE into the binary shards that train.py reads. One
     python prepare.py --input a.txt b.jsonl c.jsonl.gz  # local files (.jsonl: one {"text": ...} per line)
     python prepare.py --source fineweb --max_tokens 1B  # FineWeb-Edu sample-10BT (pip install datasets)
 
-and then, e.g., `python train.py --data_dir=data/pydoc`. `python prepare.py -h` lists all options.
+and then, e.g., `python train.py config/cpu_demo.py`. `python prepare.py -h` lists all options.
 
 Each document becomes <|endoftext|> followed by its tokens, so the model is always told where a new document
 starts, and documents are packed back to back. Every --val_every-th document goes to validation until that
@@ -99,6 +99,25 @@ def shard_paths(data_dir, split):
         raise ValueError(f"no *_{split}_*.bin shards in {data_dir}/{where}: write some with prepare.py, "
                          "or point --data_dir at them")
     return paths
+
+
+def token_bytes(vocab_size, data_dir):
+    """(the UTF-8 byte count of each token id's text, None), or (None, why) where unknown: for
+    bits per byte. <|endoftext|> is a document boundary, not text: 0 bytes."""
+    task_path = os.path.join(data_dir, "task.json")
+    if os.path.isfile(task_path):  # lab/arith.py's data: a token id is a character's index
+        with open(task_path, encoding="utf-8") as f:
+            vocab = json.load(f).get("vocab")
+        if isinstance(vocab, str) and len(vocab) == vocab_size:
+            return np.array([len(c.encode("utf-8")) for c in vocab]), None
+        return None, f"{task_path} does not give the {vocab_size} tokens' characters"
+    if vocab_size != EOT + 1:
+        return None, f"the bytes of a vocabulary of {vocab_size} tokens (not GPT-2's) are unknown"
+    try:
+        enc = gpt2_encoding()
+    except InputError as e:
+        return None, str(e)
+    return np.array([len(enc.decode_single_token_bytes(i)) for i in range(EOT)] + [0]), None
 
 
 # -----------------------------------------------------------------------------
@@ -247,7 +266,8 @@ def prepare(documents, out_dir, prefix, args):
     write_shard(shard_path(out_dir, prefix, "val", 0), np.concatenate(val))
     print(f"wrote {n_train_shards + 1} shards to {out_dir} ({n_docs:,} documents): "
           f"val {n_val:,} tokens, train {n_train:,} tokens")
-    print(f"next: python train.py --data_dir={out_dir}")
+    config = "config/gpt2.py" if prefix == PREFIXES["fineweb"] else "config/cpu_demo.py"
+    print(f"next: python train.py {config} --data_dir={out_dir}")
 
 
 def count(text):

@@ -10,7 +10,7 @@ import os
 import torch
 
 from configurator import configure, fail, or_fail, read_text
-from lime import load_model
+from lime import load_model, use_fused_kernels
 from prepare import gpt2_encoding
 
 # -----------------------------------------------------------------------------
@@ -23,7 +23,7 @@ top_k = 200  # sample only among the top_k likeliest tokens; 0 means all of them
 seed = 1337
 device = 'cuda' if torch.cuda.is_available() else 'cpu'
 dtype = 'bfloat16'  # 'bfloat16' (autocast) or 'float32'; on a CPU the default becomes float32
-fused = None  # LIMe's mix as fused Triton kernels: None = where they run natively (CUDA), or True / False
+fused = None  # LIMe's mix in Triton kernels: None = on CUDA with triton, or True / False
 # -----------------------------------------------------------------------------
 config, given, autocast = configure(globals(), {
     'path': ['out_dir'], 'text': ['start'], 'positive': ['num_samples', 'max_new_tokens'],
@@ -40,7 +40,8 @@ if not start_ids:
     fail("the prompt is empty: give some text with --start (the default starts a new document)")
 
 ckpt_path = os.path.join(out_dir, 'ckpt.pt')
-model, checkpoint = or_fail(load_model, ckpt_path, device, fused)
+or_fail(use_fused_kernels, fused, device)
+model, checkpoint = or_fail(load_model, ckpt_path, device)
 if model.config.vocab_size != 50257:
     fail(f"{ckpt_path} was trained on a vocabulary of {model.config.vocab_size} tokens, "
          "not GPT-2's 50257: sample.py can't decode it")

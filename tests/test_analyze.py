@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-import analyze
+from lab import analyze
 import prepare
-from analyze import (layer_features, layer_values, matrix_entropy, probe_accuracy, render_routing,
+from lab.analyze import (layer_features, layer_values, matrix_entropy, probe_accuracy, render_routing,
                      retrieval_by_source, routing_weights, stratified_folds)
 from lime import GPT, GPTConfig
 
@@ -27,7 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: 
 ROUTERS = ['none', 'static', 'dynamic']
 # Runs analyze.py as `python analyze.py ARGS` would, but with `import matplotlib` failing.
 WITHOUT_MATPLOTLIB = ("import runpy, sys; sys.modules['matplotlib'] = None; "
-                      "runpy.run_path('analyze.py', run_name='__main__')")
+                      "runpy.run_module('lab.analyze', run_name='__main__', alter_sys=True)")
 
 
 def save_checkpoint(out_dir, config, model, step, loss):
@@ -189,7 +189,7 @@ def checkpoints(tmp_path_factory):
 
 def run_analyze(checkpoints, fig_dir, matplotlib=True):
     data_dir, out_dirs = checkpoints
-    command = ['analyze.py'] if matplotlib else ['-c', WITHOUT_MATPLOTLIB]
+    command = ['-m', 'lab.analyze'] if matplotlib else ['-c', WITHOUT_MATPLOTLIB]
     result = subprocess.run([sys.executable, *command, f'--out_dirs={out_dirs}', f'--data_dir={data_dir}',
                              f'--fig_dir={fig_dir}', '--batch_size=4', '--device=cpu'],
                             capture_output=True, text=True, cwd=ROOT, timeout=120)

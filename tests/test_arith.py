@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-import arith
+from lab import arith
 from prepare import read_shard
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: scripts run from there
@@ -30,7 +30,7 @@ def run(script, *args):
 
 
 def prepare(out_dir, *args):
-    return run('arith.py', '--mode=prepare', f'--out_dir={out_dir}', '--train_per_ops=200',
+    return run('lab/arith.py', '--mode=prepare', f'--out_dir={out_dir}', '--train_per_ops=200',
                '--val_per_ops=50', '--max_ops=3', *args)
 
 
@@ -206,7 +206,7 @@ def test_end_to_end_prepare_train_and_evaluate(data_dir, tmp_path):
     run('train.py', 'config/arith.py', f'--data_dir={data_dir}', f'--out_dir={out}',
         f'--vocab_size={len(arith.VOCAB)}', '--device=cpu', '--block_size=128', '--batch_size=4',
         '--max_iters=20', '--eval_interval=20', '--eval_iters=1', '--log_interval=10', '--warmup_iters=2')
-    stdout = run('arith.py', '--mode=eval', f'--ckpt_dir={out}', '--eval_per_ops=10', '--device=cpu')
+    stdout = run('lab/arith.py', '--mode=eval', f'--ckpt_dir={out}', '--eval_per_ops=10', '--device=cpu')
     lines = stdout.strip().splitlines()
     assert any(line.split()[:2] == ['operators', 'operands'] for line in lines), stdout
     result = json.loads(lines[-1])

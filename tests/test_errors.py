@@ -31,8 +31,9 @@ no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason='this machine has 
 def run(script, *args, cwd=ROOT, torchrun=False):
     launcher = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2'] \
         if torchrun else [sys.executable]
-    return subprocess.run([*launcher, os.path.join(ROOT, script), *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=300, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    target = ['-m', script[:-3].replace('/', '.')] if '/' in script else [os.path.join(ROOT, script)]
+    return subprocess.run([*launcher, *target, *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300, env={**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONPATH': ROOT})
 
 
 def error_line(result):
@@ -99,17 +100,17 @@ CASES = [
     case('train-mps', 'train.py', '--device=mps', "got 'mps'"),
     case('sample-cuda-is-not-a-damaged-checkpoint', 'sample.py', '--out_dir={run} --device=cuda',
          'sees no CUDA GPU', needs_no_gpu=True),
-    case('bench-cuda', 'bench.py', '--device=cuda', 'sees no CUDA GPU', needs_no_gpu=True),
-    case('bench-mps', 'bench.py', '--device=mps', "got 'mps'"),
-    case('bench-batch', 'bench.py', '--batch_size=-1', 'batch_size must be >= 0'),
-    case('bench-shape', 'bench.py', '--shape=gpt3', "shape must be one of"),
-    case('bench-all-on-cpu', 'bench.py', '--shape=all', '--shape=all runs the GPU shapes', needs_no_gpu=True),
-    case('bench-router', 'bench.py', '--routers=none,statc', "'statc' is not one of"),
-    case('analyze-cuda', 'analyze.py', '--out_dirs={run} --device=cuda', 'sees no CUDA GPU',
+    case('bench-cuda', 'lab/bench.py', '--device=cuda', 'sees no CUDA GPU', needs_no_gpu=True),
+    case('bench-mps', 'lab/bench.py', '--device=mps', "got 'mps'"),
+    case('bench-batch', 'lab/bench.py', '--batch_size=-1', 'batch_size must be >= 0'),
+    case('bench-shape', 'lab/bench.py', '--shape=gpt3', "shape must be one of"),
+    case('bench-all-on-cpu', 'lab/bench.py', '--shape=all', '--shape=all runs the GPU shapes', needs_no_gpu=True),
+    case('bench-router', 'lab/bench.py', '--routers=none,statc', "'statc' is not one of"),
+    case('analyze-cuda', 'lab/analyze.py', '--out_dirs={run} --device=cuda', 'sees no CUDA GPU',
          needs_no_gpu=True),
-    case('evaluate-cuda', 'evaluate.py', '--out_dir={run} --device=cuda', 'sees no CUDA GPU',
+    case('evaluate-cuda', 'lab/evaluate.py', '--out_dir={run} --device=cuda', 'sees no CUDA GPU',
          needs_no_gpu=True),
-    case('arith-cuda', 'arith.py', '--mode=eval --ckpt_dir={run} --device=cuda:7', "'cuda:7'"),
+    case('arith-cuda', 'lab/arith.py', '--mode=eval --ckpt_dir={run} --device=cuda:7', "'cuda:7'"),
     # every numeric key has its range
     case('negative-grad-clip', 'train.py', '--grad_clip=-1', 'grad_clip must be >= 0'),
     case('negative-lr', 'train.py', '--learning_rate=-1e-3', 'learning_rate must be > 0'),
@@ -127,18 +128,18 @@ CASES = [
     case('fused-int', 'train.py', '--fused=1', 'fused must be None (automatic), True or False'),
     case('sample-negative-temperature', 'sample.py', '--temperature=-1', 'temperature must be >= 0'),
     case('sample-negative-top-k', 'sample.py', '--top_k=-5', 'top_k must be >= 0'),
-    case('analyze-negative-alpha', 'analyze.py', '--alpha=-1', 'alpha must be > 0'),
-    case('arith-modulus', 'arith.py', '--modulus=12', 'modulus must be a prime'),
-    case('arith-dunder-is-no-key', 'arith.py', '--__name__=x', "unknown key '__name__'"),
-    case('evaluate-nothing', 'evaluate.py', '--out_dir={run} --task=', 'nothing to evaluate'),
-    case('evaluate-shots-without-examples', 'evaluate.py', '--out_dir={run} --task={files}/bad_label.jsonl '
+    case('analyze-negative-alpha', 'lab/analyze.py', '--alpha=-1', 'alpha must be > 0'),
+    case('arith-modulus', 'lab/arith.py', '--modulus=12', 'modulus must be a prime'),
+    case('arith-dunder-is-no-key', 'lab/arith.py', '--__name__=x', "unknown key '__name__'"),
+    case('evaluate-nothing', 'lab/evaluate.py', '--out_dir={run} --task=', 'nothing to evaluate'),
+    case('evaluate-shots-without-examples', 'lab/evaluate.py', '--out_dir={run} --task={files}/bad_label.jsonl '
          '--shots=1', '--shots=1 needs --train_file'),
     case('train-mc-interval-without-task', 'train.py', '{tiny} --data_dir={data} --out_dir={scratch}/o '
          '--mc_interval=2', 'mc_interval needs mc_task'),
     # config files that are not config files
     case('config-syntax', 'train.py', '{files}/syntax.py', 'syntax.py:2: not a config file'),
     case('config-not-utf8', 'train.py', '{files}/latin1.py', 'latin1.py: not UTF-8'),
-    case('bench-config-syntax', 'bench.py', '{files}/syntax.py', 'syntax.py:2: not a config file'),
+    case('bench-config-syntax', 'lab/bench.py', '{files}/syntax.py', 'syntax.py:2: not a config file'),
     case('sample-config-not-utf8', 'sample.py', '{files}/latin1.py', 'latin1.py: not UTF-8'),
     # input files
     case('prepare-truncated-gzip', 'prepare.py', '--input {files}/truncated.jsonl.gz --out_dir {scratch}/p',
@@ -148,18 +149,18 @@ CASES = [
     case('prepare-out-dir-is-a-file', 'prepare.py', '--out_dir {files}/a_file', 'File exists'),
     case('sample-prompt-not-utf8', 'sample.py', '--out_dir={run} --start=FILE:{files}/latin1.txt',
          'latin1.txt: not UTF-8'),
-    case('arith-out-dir-under-a-file', 'arith.py', '--out_dir={files}/a_file/arith',
+    case('arith-out-dir-under-a-file', 'lab/arith.py', '--out_dir={files}/a_file/arith',
          'cannot write to out_dir'),
-    case('evaluate-task-not-found', 'evaluate.py', '--out_dir={run} --task={files}/nothing.jsonl',
+    case('evaluate-task-not-found', 'lab/evaluate.py', '--out_dir={run} --task={files}/nothing.jsonl',
          'task file not found'),
-    case('evaluate-task-line-not-json', 'evaluate.py', '--out_dir={run} --task={files}/bad_json.jsonl',
+    case('evaluate-task-line-not-json', 'lab/evaluate.py', '--out_dir={run} --task={files}/bad_json.jsonl',
          'bad_json.jsonl:2: not a JSON object'),
-    case('evaluate-task-label-out-of-range', 'evaluate.py', '--out_dir={run} --task={files}/bad_label.jsonl',
+    case('evaluate-task-label-out-of-range', 'lab/evaluate.py', '--out_dir={run} --task={files}/bad_label.jsonl',
          'bad_label.jsonl:1: expected {"context"'),
-    case('evaluate-hellaswag-offline', 'evaluate.py', '--out_dir={run} --task=hellaswag '
+    case('evaluate-hellaswag-offline', 'lab/evaluate.py', '--out_dir={run} --task=hellaswag '
          '--cache_dir={scratch}/t --hellaswag_url=file:///nowhere/hs',
          'could not download file:///nowhere/hs/hellaswag_val.jsonl'),
-    case('evaluate-data-of-no-shards', 'evaluate.py', '--out_dir={run} --task= --data_dir={files}',
+    case('evaluate-data-of-no-shards', 'lab/evaluate.py', '--out_dir={run} --task= --data_dir={files}',
          'no *_val_*.bin shards in'),
     # data and checkpoints
     case('no-shard-holds-one-step', 'train.py', '{tiny} --data_dir={files}/short --out_dir={scratch}/o',
@@ -170,9 +171,9 @@ CASES = [
          'is not a checkpoint saved by train.py'),
     case('sample-foreign-checkpoint', 'sample.py', '--out_dir={files}/foreign',
          'is not a checkpoint saved by train.py'),
-    case('analyze-foreign-checkpoint', 'analyze.py', '--out_dirs={files}/foreign --data_dir={data}',
+    case('analyze-foreign-checkpoint', 'lab/analyze.py', '--out_dirs={files}/foreign --data_dir={data}',
          'is not a checkpoint saved by train.py'),
-    case('arith-eval-of-a-text-model', 'arith.py', '--mode=eval --ckpt_dir={run} --device=cpu',
+    case('arith-eval-of-a-text-model', 'lab/arith.py', '--mode=eval --ckpt_dir={run} --device=cpu',
          "not this task's 18"),
     # an earlier run: never lost to a repeated command, and resumed as it was saved
     case('repeated-command-keeps-the-run', 'train.py',
@@ -195,15 +196,17 @@ root = pathlib.Path(sys.argv[1])
 def snapshot():
     return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob('*')) if p.is_file()}
 results = {}
+sys.path.insert(0, sys.argv[2])  # the repo, for `python -m lab.NAME` and for the scripts' imports
 for name, script, args, cwd in json.load(sys.stdin):
-    if sys.path[0] != os.path.dirname(script):
-        sys.path.insert(0, os.path.dirname(script))  # as `python SCRIPT` puts the script's directory first
     os.chdir(cwd)
     sys.argv = [script, *args]
     before, err, status = snapshot(), io.StringIO(), 0
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         try:
-            runpy.run_path(script, run_name='__main__')
+            if script.startswith('lab/'):  # python -m lab.NAME
+                runpy.run_module(script[:-3].replace('/', '.'), run_name='__main__', alter_sys=True)
+            else:
+                runpy.run_path(os.path.join(sys.argv[2], script), run_name='__main__')
         except SystemExit as e:
             status = e.code if isinstance(e.code, int) else 1
             if not isinstance(e.code, int) and e.code is not None:
@@ -229,8 +232,8 @@ def batch(root, tmp_path_factory):
         name, script, args, _, alone = param.values
         if not alone:
             scratch = tmp_path_factory.mktemp(name)
-            cases.append((name, os.path.join(ROOT, script), case_args(root, scratch, args), str(scratch)))
-    result = subprocess.run([sys.executable, '-c', BATCH, str(root)], input=json.dumps(cases), capture_output=True,
+            cases.append((name, script, case_args(root, scratch, args), str(scratch)))
+    result = subprocess.run([sys.executable, '-c', BATCH, str(root), ROOT], input=json.dumps(cases), capture_output=True,
                             text=True, cwd=ROOT, timeout=600, env={**os.environ, 'OMP_NUM_THREADS': '1'})
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.splitlines()[-1])
@@ -276,8 +279,8 @@ def test_a_second_run_into_a_busy_out_dir_is_refused(root, tmp_path):
             first.send_signal(signal.SIGKILL)
 
 
-@pytest.mark.parametrize('script', ['train.py', 'sample.py', 'bench.py', 'analyze.py', 'arith.py',
-                                    'evaluate.py'])
+@pytest.mark.parametrize('script', ['train.py', 'sample.py', 'lab/bench.py', 'lab/analyze.py', 'lab/arith.py',
+                                    'lab/evaluate.py'])
 def test_help_lists_every_key_with_its_default_and_comment(script):
     result = run(script, '--help')
     assert result.returncode == 0 and not result.stderr, result.stderr

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import evaluate
+from lab import evaluate
 import prepare
 from lime import GPT, GPTConfig
 
@@ -58,7 +58,7 @@ def trained(tmp_path_factory):
 
 
 def test_a_trained_model_prefers_the_right_endings_and_train_py_logs_it(trained):
-    result = run('evaluate.py', f'--out_dir={trained / "run"}', f'--task={trained / "task.jsonl"}',
+    result = run('lab/evaluate.py', f'--out_dir={trained / "run"}', f'--task={trained / "task.jsonl"}',
                  f'--data_dir={trained / "data"}')
     scores = json.loads(result.stdout.splitlines()[-1])
     assert scores['acc'] == scores['acc_norm'] == 1.0 and scores['examples'] == 2, result.stdout
@@ -70,7 +70,7 @@ def test_a_trained_model_prefers_the_right_endings_and_train_py_logs_it(trained)
 
 
 def test_one_shot_puts_a_solved_example_first(trained):
-    result = run('evaluate.py', f'--out_dir={trained / "run"}', f'--task={trained / "task.jsonl"}',
+    result = run('lab/evaluate.py', f'--out_dir={trained / "run"}', f'--task={trained / "task.jsonl"}',
                  '--shots=1', f'--train_file={trained / "task.jsonl"}')
     assert json.loads(result.stdout.splitlines()[-1])['shots'] == 1
     shot = evaluate.with_shots([('Q', ['a', 'b'], 0)], [('C', ['x', 'y'], 1)], 1, seed=0)
@@ -141,6 +141,6 @@ def test_two_processes_share_the_examples_and_log_the_scores_of_one(trained, tmp
     assert result.returncode == 0, result.stdout + result.stderr
     logged = [json.loads(line) for line in (tmp_path / 'log.txt').open()][-1]
     # The checkpoint holds the weights of that last evaluation: one process scores all 3 examples alike.
-    result = run('evaluate.py', f'--out_dir={tmp_path}', f'--task={task}')
+    result = run('lab/evaluate.py', f'--out_dir={tmp_path}', f'--task={task}')
     scores = json.loads(result.stdout.splitlines()[-1])
     assert (logged['mc_acc'], logged['mc_acc_norm']) == (scores['acc'], scores['acc_norm']), (logged, scores)

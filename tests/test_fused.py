@@ -1,11 +1,12 @@
 """
-Tests for fused.py: its Triton kernels compute LIMe's mix exactly as lime.py's plain PyTorch does,
+Tests for kernels/fused.py: its Triton kernels compute LIMe's mix exactly as lime.py's plain PyTorch does,
 forward and every gradient, inside the model and under torch.compile, and save less for backward.
 Without a GPU they run under Triton's interpreter (TRITON_INTERPRET=1, set before any kernel is
 defined), which is slow: every shape here is tiny.
 
-    python -m pytest -q test_fused.py
+    python -m pytest -q tests/test_fused.py
 """
+import contextlib
 import copy
 import json
 import os
@@ -19,12 +20,23 @@ import lime  # noqa: E402
 from lime import GPT, GPTConfig, DynamicRouter, StaticRouter  # noqa: E402
 
 pytest.importorskip('triton', reason="the fused kernels need triton (pip install triton)")
+from kernels import fused as kernels  # noqa: E402
+
+
+@contextlib.contextmanager
+def mix(fused):
+    """LIMe's mix in the fused kernels (fused=True) or in lime.py's plain PyTorch, for a while."""
+    saved, lime.mix_kernels = lime.mix_kernels, kernels if fused else None
+    try:
+        yield
+    finally:
+        lime.mix_kernels = saved
 
 
 def routers(router_class, fused_config, layer_idx):
     """The same router twice, with the same weights: plain mix and fused mix."""
-    plain = router_class(GPTConfig(**fused_config, fused=False), layer_idx)
-    fused = router_class(GPTConfig(**fused_config, fused=True), layer_idx)
+    plain = router_class(GPTConfig(**fused_config), layer_idx)
+    fused = router_class(GPTConfig(**fused_config), layer_idx)
     if router_class is StaticRouter:
         plain.reset_parameters()
     else:  # random, not the zero init, which would hide bugs in the probabilities' gradient
@@ -34,13 +46,14 @@ def routers(router_class, fused_config, layer_idx):
     return plain, fused
 
 
-def run_mix(router, h, memory, grad):
+def run_mix(router, h, memory, grad, fused):
     """Output and the gradients of every source, every router parameter and h (which only the
     dynamic router reads), in float32."""
     h = h.detach().clone().requires_grad_()
     memory = [kv.detach().clone().requires_grad_() for kv in memory]
-    out = router(h, memory)
-    out.backward(grad.to(out.dtype))
+    with mix(fused):
+        out = router(h, memory)
+        out.backward(grad.to(out.dtype))
     grads = [*(kv.grad for kv in memory), *(p.grad for p in router.parameters())]
     assert all(g is not None for g in grads), "a source or a router weight got no gradient"
     if isinstance(router, DynamicRouter):
@@ -65,8 +78,8 @@ def test_fused_mix_equals_plain_mix_forward_and_backward_in_float32(router_class
     h = torch.randn(B, T, config['n_embd'])
     memory = [torch.randn(B, T, 2, G, hs) for _ in range(layer + 1)]
     grad = torch.randn(B, T, 2, G, hs)
-    out_plain, grads_plain = run_mix(plain, h, memory, grad)
-    out_fused, grads_fused = run_mix(fused, h, memory, grad)
+    out_plain, grads_plain = run_mix(plain, h, memory, grad, fused=False)
+    out_fused, grads_fused = run_mix(fused, h, memory, grad, fused=True)
     torch.testing.assert_close(out_fused, out_plain, rtol=1e-5, atol=1e-5)
     assert len(grads_fused) == len(grads_plain)
     for i, (a, b) in enumerate(zip(grads_fused, grads_plain)):
@@ -82,9 +95,11 @@ def test_fused_mix_in_bfloat16_matches_the_float32_mix_to_bfloat16_rounding(rout
     memory = [torch.randn(2, T, 2, G, hs).bfloat16() for _ in range(layer + 1)]
     grad = torch.randn(2, T, 2, G, hs)
     # The reference: the plain mix in float32 from the same bfloat16-rounded inputs.
-    out_ref, grads_ref = run_mix(plain, h, [kv.float() for kv in memory], grad.bfloat16().float())
-    out_fused, grads_fused = run_mix(fused, h, memory, grad)
-    assert out_fused.dtype == torch.float32 and fused(h, memory).dtype == torch.bfloat16
+    out_ref, grads_ref = run_mix(plain, h, [kv.float() for kv in memory], grad.bfloat16().float(),
+                                 fused=False)
+    out_fused, grads_fused = run_mix(fused, h, memory, grad, fused=True)
+    with mix(True):
+        assert fused(h, memory).dtype == torch.bfloat16
     for a, b in zip([out_fused, *grads_fused], [out_ref, *grads_ref]):
         # bfloat16 keeps 8 bits of mantissa: outputs and source gradients are rounded once at the end.
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2 * b.abs().max().item())
@@ -98,21 +113,23 @@ def test_fused_model_equals_plain_model_eager_and_compiled_to_one_graph(router, 
     torch.manual_seed(0)
     shape = dict(n_layer=4, n_head=4, n_kv_head=2, n_embd=32, block_size=16, vocab_size=128, router=router,
                  router_top_p=0.9)
-    plain = GPT(GPTConfig(**shape, fused=False))
+    plain = GPT(GPTConfig(**shape))
     with torch.no_grad():  # away from the init, where top-p keeps only the own layer (dynamic)
         for p in (p for r in plain.routers() for p in r.parameters()):
             p.add_(torch.randn_like(p))
-    fused = GPT(GPTConfig(**shape, fused=True))
+    fused = GPT(GPTConfig(**shape))
     fused.load_state_dict(plain.state_dict())  # one checkpoint format for both paths
     idx = torch.randint(0, 128, (2, 13))
-    _, loss_plain = plain(idx, idx)
-    loss_plain.backward()
+    with mix(False):
+        _, loss_plain = plain(idx, idx)
+        loss_plain.backward()
     # fullgraph: one graph, each layer's mix a single custom-op node; aot_eager traces forward and
     # backward like inductor does, in seconds on a CPU.
     torch._dynamo.reset()
     model = torch.compile(fused, backend='aot_eager', fullgraph=True) if compiled else fused
-    _, loss_fused = model(idx, idx)
-    loss_fused.backward()
+    with mix(True):
+        _, loss_fused = model(idx, idx)
+        loss_fused.backward()
     torch.testing.assert_close(loss_fused, loss_plain, rtol=1e-6, atol=1e-6)
     for (name, p), q in zip(plain.named_parameters(), fused.parameters()):
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=f"{name}'s gradient differs")
@@ -132,7 +149,7 @@ def saved_bytes(model, idx):
         model(idx, idx)
     for hook in hooks:
         hook.remove()
-    buffers = {id(m.grad): m.grad for m in memories if m.grad is not None}.values()
+    buffers = {id(m.grad): m.grad for m in memories if getattr(m, 'grad', None) is not None}.values()
     return sum(storages.values()), sum(b.untyped_storage().nbytes() for b in buffers)
 
 
@@ -143,8 +160,9 @@ def test_fused_static_model_saves_at_most_8_percent_more_than_the_baseline():
     saved, grad_buffer = {}, {}
     for router, fused in [('none', False), ('static', False), ('static', True), ('dynamic', True)]:
         torch.manual_seed(0)
-        saved[router, fused], grad_buffer[router, fused] = saved_bytes(
-            GPT(GPTConfig(**shape, router=router, fused=fused)), idx)
+        with mix(fused):
+            saved[router, fused], grad_buffer[router, fused] = saved_bytes(
+                GPT(GPTConfig(**shape, router=router)), idx)
     base = saved['none', False]
     # The raw sources are kept alive by the memory anyway; the plain static mix also saves its
     # concatenated copy of the memory at every layer, which is what the fused op avoids.
@@ -158,20 +176,21 @@ def test_fused_static_model_saves_at_most_8_percent_more_than_the_baseline():
     assert grad_buffer['static', False] == 0
 
 
-def test_fused_choice_is_not_part_of_the_model():
-    shape = dict(n_layer=3, n_head=4, n_embd=32, block_size=16, vocab_size=128, router='static')
-    keys = {fused: GPT(GPTConfig(**shape, fused=fused)).state_dict().keys() for fused in (None, True, False)}
-    assert keys[None] == keys[True] == keys[False]
-    copy.deepcopy(GPT(GPTConfig(**shape, fused=True)))  # a model holds no module object: it copies and pickles
-    # Automatic on a machine without CUDA: the plain PyTorch mix, with no Triton in sight.
-    if not torch.cuda.is_available():
-        assert lime.fused_kernels(GPT(GPTConfig(**shape)).blocks[1].attn.router.fused, torch.zeros(1)) is None
+def test_one_switch_chooses_the_mix_for_every_model(monkeypatch):
+    monkeypatch.setattr(lime, 'mix_kernels', None)
+    lime.use_fused_kernels(True, 'cpu')  # on a CPU, under Triton's interpreter
+    assert lime.mix_kernels is kernels
+    copy.deepcopy(GPT(GPTConfig(n_layer=3, n_head=4, n_embd=32, router='static')))  # no module inside
+    lime.use_fused_kernels(False, 'cuda')
+    assert lime.mix_kernels is None
+    lime.use_fused_kernels(None, 'cpu')  # automatic: natively only, so not on a CPU
+    assert lime.mix_kernels is None
 
 
 def test_fused_true_without_triton_is_a_clear_error(monkeypatch):
-    monkeypatch.setattr(lime, 'HAVE_TRITON', False)
+    monkeypatch.setattr(lime.importlib.util, 'find_spec', lambda name: None)
     with pytest.raises(ValueError, match='needs triton'):
-        GPT(GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=8, vocab_size=64, router='static', fused=True))
+        lime.use_fused_kernels(True, 'cpu')
 
 
 def test_train_py_with_fused_kernels_logs_the_same_losses_as_the_plain_mix(tmp_path):
@@ -220,11 +239,12 @@ dist.init_process_group('gloo')
 rank = dist.get_rank()
 shape = dict(n_layer=4, n_head=4, n_kv_head=2, n_embd=256, block_size=16, vocab_size=128, router='static')
 torch.manual_seed(0)
-plain = lime.GPT(lime.GPTConfig(**shape, fused=False))
-fused = lime.GPT(lime.GPTConfig(**shape, fused=True))
+plain = lime.GPT(lime.GPTConfig(**shape))
+fused = lime.GPT(lime.GPTConfig(**shape))
 fused.load_state_dict(plain.state_dict())
 idx = torch.randint(0, 128, (4, 13))
 plain(idx, idx)[1].backward()  # the whole batch in one process, the plain mix
+lime.use_fused_kernels(True, 'cpu')
 # 1 MB buckets (~12 here): torch.compile splits the graph at each, as on a multi-GPU run.
 model = torch.compile(DDP(fused, bucket_cap_mb=1), backend='aot_eager')
 half = idx[2 * rank:2 * rank + 2]

@@ -7,7 +7,7 @@ test pins one property that could break.
 import pytest
 import torch
 
-import analyze
+from lab import analyze
 from lime import GPTConfig, HyperConnection
 from test_lime import assert_close, assert_compiles_as_one_graph, greedy_by_full_recompute, tiny_model
 from test_train import data_dir, read_log, run, train  # noqa: F401  data_dir is a fixture
@@ -174,9 +174,9 @@ def test_train_sample_and_analyze_take_an_hc_model(data_dir, tmp_path, capsys):
 
 
 def test_bench_times_hc_rows_beside_the_baseline():
-    result = run('bench.py', '--device=cpu', '--steps=2', '--warmup=1', '--routers=static-hc,hc,none')
+    result = run('lab/bench.py', '--device=cpu', '--steps=2', '--warmup=1', '--routers=static-hc,hc,none')
     rows = [[c.strip() for c in line.split('|')[1:-1]] for line in result.stdout.splitlines()
             if line.startswith('| tiny ')]
     assert [row[1] for row in rows] == ['none', 'static-hc', 'hc'], result.stdout
     assert all(float(row[5]) > 0 for row in rows)
-    assert 'hc-plain' in run('bench.py', '--device=cpu', '--routers=hc-plain', check=False).stderr
+    assert 'hc-plain' in run('lab/bench.py', '--device=cpu', '--routers=hc-plain', check=False).stderr

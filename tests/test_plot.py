@@ -11,17 +11,17 @@ import sys
 
 import pytest
 
-import plot as plot_py
+from lab import plot as plot_py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: scripts run from there
 HAVE_MATPLOTLIB = importlib.util.find_spec('matplotlib') is not None
 # Runs plot.py as `python plot.py ARGS` would, but with `import matplotlib` failing.
 WITHOUT_MATPLOTLIB = ("import runpy, sys; sys.modules['matplotlib'] = None; "
-                      "sys.argv = ['plot.py'] + sys.argv[1:]; runpy.run_path('plot.py', run_name='__main__')")
+                      "sys.argv = ['lab/plot.py'] + sys.argv[1:]; runpy.run_path('lab/plot.py', run_name='__main__')")
 
 
 def plot(*args, matplotlib=True, check=True):
-    command = ['plot.py'] if matplotlib else ['-c', WITHOUT_MATPLOTLIB]
+    command = ['lab/plot.py'] if matplotlib else ['-c', WITHOUT_MATPLOTLIB]
     result = subprocess.run([sys.executable, *command, *args], capture_output=True, text=True, cwd=ROOT,
                             timeout=120)
     if check:
@@ -131,7 +131,7 @@ def test_compare_sh_trains_each_router_and_draws_their_curves(tmp_path):
     tiny = ['--device=cpu', '--compile=False', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32',
             '--batch_size=2', '--max_iters=4', '--eval_interval=2', '--eval_iters=1', '--warmup_iters=1',
             f'--data_dir={data}', f'--out_dir={out}']
-    result = subprocess.run(['bash', 'compare.sh', 'config/small_text.py', *tiny], capture_output=True, text=True,
+    result = subprocess.run(['bash', 'lab/compare.sh', 'config/small_text.py', *tiny], capture_output=True, text=True,
                             cwd=ROOT, env=env, timeout=300)
     if HAVE_MATPLOTLIB:
         assert result.returncode == 0, result.stdout + result.stderr
@@ -140,7 +140,7 @@ def test_compare_sh_trains_each_router_and_draws_their_curves(tmp_path):
         assert 'pip install matplotlib' in result.stderr
     for router in ('none', 'static', 'dynamic'):
         assert (out / router / 'ckpt.pt').exists() and f'| {router} | {out / router} |' in result.stdout
-    again = subprocess.run(['bash', 'compare.sh', 'config/small_text.py', *tiny], capture_output=True, text=True,
+    again = subprocess.run(['bash', 'lab/compare.sh', 'config/small_text.py', *tiny], capture_output=True, text=True,
                            cwd=ROOT, env=env, timeout=300)
     assert again.returncode != 0 and 'holds a run' in again.stderr  # the first run is kept, not replaced
 

@@ -32,9 +32,16 @@ def data_dir(tmp_path_factory):
     return str(out)
 
 
+def command(script):
+    """How a user runs script from the repo root: python train.py, or python -m lab.evaluate."""
+    if '/' in script:
+        return [sys.executable, '-m', script.removesuffix('.py').replace('/', '.')]
+    return [sys.executable, os.path.join(ROOT, script)]
+
+
 def run(script, *args, check=True):
-    result = subprocess.run([sys.executable, os.path.join(ROOT, script), *args], capture_output=True,
-                            text=True, cwd=ROOT, timeout=300)
+    result = subprocess.run([*command(script), *args], capture_output=True, text=True, cwd=ROOT,
+                            timeout=300)
     if check:
         assert result.returncode == 0, f"{script} failed:\n{result.stdout}\n{result.stderr}"
     return result
@@ -203,7 +210,7 @@ def test_bad_values_and_config_files_give_one_clear_line(data_dir, tmp_path):
     assert_clean_error(run('train.py', '--batch_size=big', check=False), 'batch_size must be int')
     assert_clean_error(run('train.py', f'--data_dir={data_dir}', '--router=statc', check=False), 'statc')
     assert_clean_error(run('train.py', 'batch_size=3', check=False), 'config file not found')
-    for script in ('train.py', 'sample.py', 'bench.py'):  # all three share one device/dtype check
+    for script in ('train.py', 'sample.py', 'lab/bench.py'):  # all three share one device/dtype check
         assert_clean_error(run(script, '--device=cpu', '--dtype=bf16', check=False), "'bf16'")
     bad = tmp_path / 'bad.py'
     bad.write_text("n_layer = 4\nimport os\n")

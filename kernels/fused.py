@@ -1,8 +1,9 @@
 """
-fused.py: LIMe's mix of the layer memory as fused Triton kernels, forward and backward.
+kernels/fused.py: LIMe's mix of the layer memory as fused Triton kernels, forward and backward.
 
 lime.py's routers define the mix in plain PyTorch; this file computes the same numbers faster on a
-GPU (tests/test_fused.py holds the two paths together). Layer l's mix reads S = l + 1 source tensors of
+GPU (tests/test_fused.py holds the two paths together). lime.use_fused_kernels() switches to it
+(the scripts' `fused` key). Layer l's mix reads S = l + 1 source tensors of
 the memory. In plain PyTorch that is a copy of the memory (torch.cat) or one kernel per source,
 with copies saved for backward, and torch.compile's graph grows as n_layer^2. Here each layer's mix
 is one custom op (one node in the compiled graph, so compiling stays fast at any depth) that reads
@@ -17,7 +18,7 @@ keeps alive anyway.
 On a machine without CUDA the kernels run under Triton's interpreter (slowly: that is for tests).
 The interpreter must be chosen before any kernel is defined, so importing this file sets
 TRITON_INTERPRET=1 there; its tl.dot is wrong on bfloat16, so the kernels upcast when interpreting.
-Tile sizes: the defaults are the ones measured best on an H100 (perf_notes.md); on a GPU,
+Tile sizes: the defaults are the ones measured best on an H100 (docs/performance.md); on a GPU,
 triton.autotune also tries a few neighbours the first time it sees a shape.
 """
 import os
@@ -284,12 +285,22 @@ def _(grad, probs, sources, grads):
 # and returns every source's gradient, as any op does.
 
 
+class LayerMemory(list):
+    """lime.py's layer memory (every layer's raw keys/values, in order) with room for the buffer
+    that its gradients are added into; GPT.forward makes one per forward while these kernels are
+    in use."""
+
+    def __init__(self, n_layer):
+        super().__init__()
+        self.n_layer, self.grad = n_layer, None
+
+
 def gradient_buffer(memory):
     """The model's shared buffer for its memory's gradients (made at the first mix), or None.
     None too under torch.distributed: there torch.compile splits the model's graph at DDP's
     gradient buckets, and a buffer that the backward passes of several pieces write into cannot
     be split (AOTAutograd fails); each mix then keeps its own, and autograd adds them up."""
-    if not torch.is_grad_enabled() or not hasattr(memory, 'grad') or distributed():
+    if not torch.is_grad_enabled() or not isinstance(memory, LayerMemory) or distributed():
         return None
     if memory.grad is None:
         memory.grad = memory[0].new_zeros((memory.n_layer, *memory[0].shape))

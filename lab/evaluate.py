@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 
 from configurator import configure, fail, or_fail, read_text
-from lime import load_model
-from prepare import EOT, InputError, gpt2_encoding, read_shard, shard_paths
+from lime import load_model, use_fused_kernels
+from prepare import EOT, gpt2_encoding, read_shard, shard_paths, token_bytes
 
 # -----------------------------------------------------------------------------
 out_dir = 'out'  # the directory holding ckpt.pt
@@ -188,29 +188,9 @@ def multiple_choice(model, encoded, labels, device, autocast, block_size=None, p
     return right, right_norm, len(encoded)
 
 
-def token_byte_lengths(vocab_size, data_dir):
-    """(UTF-8 bytes of each token id's text as a tensor, None), or (None, why) where they are unknown.
-    <|endoftext|> is a document boundary, not text: 0 bytes."""
-    task_path = os.path.join(data_dir, 'task.json')
-    if os.path.isfile(task_path):  # arith.py's data: token id = position in its vocabulary of characters
-        with open(task_path) as f:
-            vocab = json.load(f).get('vocab')
-        if isinstance(vocab, str) and len(vocab) == vocab_size:
-            return torch.tensor([len(c.encode('utf-8')) for c in vocab]), None
-        return None, f"{task_path} does not give the {vocab_size} tokens' characters"
-    if vocab_size != EOT + 1:
-        return None, f"a vocabulary of {vocab_size} tokens is not GPT-2's: its tokens' bytes are unknown"
-    try:
-        enc = gpt2_encoding()
-    except InputError as e:
-        return None, str(e)
-    lengths = [len(enc.decode_single_token_bytes(i)) for i in range(EOT)] + [0]
-    return torch.tensor(lengths), None
-
-
 def nats_and_bytes(logits, targets, byte_lengths):
     """The loss in nats summed over the targets that are text, and the bytes of their text."""
-    nbytes = byte_lengths.to(targets.device)[targets]  # (B, T)
+    nbytes = byte_lengths[targets]  # (B, T)
     losses = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction='none')
     return (losses * (nbytes.flatten() > 0)).sum().item(), nbytes.sum().item()
 
@@ -228,6 +208,24 @@ def bits_per_byte(model, tokens, byte_lengths, block_size, batch_size, device, a
         n, b = nats_and_bytes(logits, buf[1:].view(B, T), byte_lengths)
         nats, nbytes = nats + n, nbytes + b
     return nats / (math.log(2) * nbytes), windows * T
+
+
+class TaskScorer:
+    """train.py's multiple-choice scoring (its mc_task): this process's share of the task's first
+    n examples, encoded once; score() counts the right answers among them."""
+
+    def __init__(self, task, n, vocab_size, block_size, rank, world_size):
+        examples = read_examples(task_file(task))[:n]
+        enc = task_tokenizer(vocab_size)
+        self.encoded = [encode_example(enc, ex, block_size) for ex in examples[rank::world_size]]
+        self.labels = [label for *_, label in examples[rank::world_size]]
+        self.n, self.name, self.block_size = len(examples), os.path.basename(task), block_size
+
+    def score(self, model, device, autocast, compiled):
+        """(right by summed loss, right by mean loss): compiled pads every forward to one shape."""
+        right, right_norm, _ = multiple_choice(model, self.encoded, self.labels, device, autocast,
+                                               self.block_size if compiled else None)
+        return right, right_norm
 
 
 # -----------------------------------------------------------------------------
@@ -254,15 +252,17 @@ def main():
         fail(f"--shots={shots} needs --train_file, a task file of solved examples to draw them from")
     paths = (task_file(task), task_file(train_file or task, 'train') if shots else None) if task else None
 
-    model, checkpoint = or_fail(load_model, os.path.join(out_dir, 'ckpt.pt'), device, fused)
+    or_fail(use_fused_kernels, fused, device)
+    model, checkpoint = or_fail(load_model, os.path.join(out_dir, 'ckpt.pt'), device)
     block_size = model.config.block_size
     result = {'out_dir': out_dir, 'step': checkpoint['step']}
     if data_dir:
         path, tokens = val_shard(model)
-        byte_lengths, why = token_byte_lengths(model.config.vocab_size, data_dir)
+        byte_lengths, why = token_bytes(model.config.vocab_size, data_dir)
         if byte_lengths is None:
             print(f"note: no bits per byte: {why}")
         else:
+            byte_lengths = torch.from_numpy(byte_lengths).to(device)
             bpb, n = bits_per_byte(model, tokens, byte_lengths, block_size, batch_size, device, autocast)
             print(f"{path}: {bpb:.4f} bits per byte ({n:,} tokens)")
             result.update(bpb=bpb, bpb_tokens=n)

@@ -51,7 +51,8 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from configurator import configure, fail, or_fail, read_json
+from configurator import configure, fail, or_fail
+from lab import read_json
 from lime import load_model
 from prepare import read_shard, shard_path, shard_paths, write_shard
 

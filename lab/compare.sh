@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# compare.sh: train one config with each router in turn, then draw their loss curves.
-#   bash compare.sh config/small_text.py                 # into out/small_text/{none,static,dynamic}
-#   bash compare.sh config/small_text.py --max_iters=350 # train.py overrides follow the config
+# lab/compare.sh: train one config with each router in turn, then draw their loss curves.
+#   bash lab/compare.sh config/small_text.py                 # into out/small_text/{none,static,dynamic}
+#   bash lab/compare.sh config/small_text.py --max_iters=350 # train.py overrides follow the config
 # A run that exists is refused, as train.py refuses it: add --init_from=resume to finish an
 # interrupted comparison, or --overwrite=True to start it again.
 set -euo pipefail
 if [ $# -lt 1 ] || [ ! -f "$1" ]; then
-    echo "usage: bash compare.sh CONFIG_FILE [--key=value ...]" >&2
+    echo "usage: bash lab/compare.sh CONFIG_FILE [--key=value ...]" >&2
     exit 2
 fi
 config=$1
@@ -19,4 +19,4 @@ for router in none static dynamic; do
     echo "== router=$router: $out/$router"
     python train.py "$config" "$@" --router=$router --out_dir="$out/$router"
 done
-python plot.py --runs="$out/none,$out/static,$out/dynamic" --out="$out/loss_curves.png"
+python -m lab.plot --runs="$out/none,$out/static,$out/dynamic" --out="$out/loss_curves.png"

@@ -10,7 +10,7 @@ side by side, on random tokens, and print one markdown table.
 Each router's number is the median of `steps` timed steps after `warmup` untimed ones. The first
 step compiles (and tunes the fused kernels): its time beyond a normal step is the compile column.
 Ratios to 'none' come from the same run: compare those, not absolute numbers across runs. A LIMe
-router named with '-plain' (static-plain) runs lime.py's plain PyTorch mix instead of fused.py's
+router named with '-plain' (static-plain) runs lime.py's plain PyTorch mix instead of kernels/fused.py's
 kernels, to compare the two. 'hc' is the paper's other baseline, hyper-connections (dynamic, with
 `hyper_connections` streams) on the plain model, and '-hc' after a router adds them to it
 (static-hc). The routing-floor column counts the bytes LIMe's mix must move (see
@@ -25,7 +25,7 @@ from datetime import date
 import torch
 
 from configurator import configure, fail, or_fail
-from lime import GPT, ROUTERS, GPTConfig
+from lime import GPT, ROUTERS, GPTConfig, use_fused_kernels
 
 SHAPES = {  # name: (GPTConfig fields, batch size)
     'gpt2': (dict(n_layer=12, n_head=12, n_embd=768, block_size=1024), 32),
@@ -40,7 +40,7 @@ GPU_SHAPES = ['gpt2', 'paper_1b', 'paper_1b_gqa', 'deep']  # what --shape=all ru
 shape = 'gpt2'  # one of SHAPES, or 'all' for every GPU shape; on a CPU the default becomes 'tiny'
 routers = 'none,static,dynamic'  # '-plain': lime.py's plain mix; 'hc', '-hc': hyper-connections (see above)
 hyper_connections = 4  # streams of the HC rows (the paper's rate)
-fused = None  # the LIMe mix: None = fused.py's kernels on CUDA (see GPTConfig.fused), True / False
+fused = None  # the LIMe mix: None = kernels/fused.py on CUDA (lime.use_fused_kernels), True / False
 batch_size = 0  # 0 means the shape's own
 steps = 20  # timed steps per router
 warmup = 5  # untimed steps first (compilation happens in the first; at least 1)
@@ -106,8 +106,8 @@ def measure(model_args, B, name):
     torch.manual_seed(0)
     torch._dynamo.reset()  # each router compiles afresh, with nothing cached from the last
     router, hc, plain = parse_row(name)
-    model = GPT(or_fail(GPTConfig, router=router, hyper_connections=hc, fused=False if plain else fused,
-                        **model_args)).to(device)
+    or_fail(use_fused_kernels, False if plain else fused, device)
+    model = GPT(or_fail(GPTConfig, router=router, hyper_connections=hc, **model_args)).to(device)
     optimizer = model.configure_optimizers(0.1, 1e-3, 1e-2, fused=device_type == 'cuda')
     step_model = torch.compile(model) if compile else model
     T = model_args['block_size']

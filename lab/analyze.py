@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-import plot  # draws the figures (matplotlib is optional: without it the tables are all there is)
+from lab import plot  # draws the figures (matplotlib is optional: without it the tables are all there is)
 from configurator import configure, fail, or_fail
 from lime import load_model
 from prepare import gpt2_encoding, read_shard, shard_paths

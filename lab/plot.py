@@ -24,7 +24,8 @@ import statistics
 import numpy as np
 import torch
 
-from configurator import configure, fail, read_json
+from configurator import configure, fail
+from lab import read_json
 
 try:
     import matplotlib

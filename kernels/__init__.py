@@ -1,0 +1,1 @@
+"""Fused Triton kernels for LIMe's mix (fused.py); lime.use_fused_kernels() turns them on."""
