@@ -1,14 +1,11 @@
 """
-configurator.py: nanoGPT's configurator, made safe. A script's settings are the plain values in
-its defaults block; the command line changes them, left to right:
+configurator.py: nanoGPT's configurator, made safe. A script's defaults block holds its settings;
+config files (`key = value` lines of Python literals, parsed, never executed) and --key=value
+change them, left to right. A key must exist (a typo gets "did you mean"), keep its type (an
+int may stand for a float) and lie in its range (KINDS); else one line, `error: ...`, stops it.
 
     python train.py config/cpu_demo.py --router=dynamic --learning_rate=3e-4
     python train.py --help                       # every key, its default and what it means
-
-A path is a config file of `key = value` lines (Python literals, parsed, never executed);
---key=value sets one key. A key must already exist (a typo gets "did you mean"), keep its type
-(an int may stand for a float) and lie in its range (KINDS). Anything else stops the script
-with one line, `error: ...`, instead of a traceback.
 """
 import ast
 import difflib
@@ -138,10 +135,8 @@ def print_help(config):
     defaults block: the block is the documentation, so --help cannot drift from it."""
     script = sys.modules['__main__']
     print((script.__doc__ or '').strip() + '\n')
-    source = open(script.__file__, encoding='utf-8').read() if hasattr(script, '__file__') else ''
-    comments = {}
-    for key, comment in re.findall(r"^(\w+) = [^#\n]*(?:#\s*(.*))?$", source, re.M):
-        comments.setdefault(key, comment)  # the first `key = ...` line is the default
+    with open(script.__file__, encoding='utf-8') as f:  # the first `key = ...` is the default
+        comments = dict(reversed(re.findall(r"^(\w+) = [^#\n]*(?:#\s*(.*))?$", f.read(), re.M)))
     shown = {k: format(v, 'g') if isinstance(v, float) and len(repr(v)) > 10
              and float(format(v, 'g')) == v else v for k, v in config.items()}  # 9.89e+14
     settings = {key: f"--{key}={value}" for key, value in shown.items()}

@@ -1,26 +1,19 @@
 """
 lime.py: a LLaMA-style GPT with Layer-Integrated Memory (LIMe, arXiv 2502.09245), in one file.
 
-What differs from a plain GPT (nanoGPT's model.py):
-- LLaMA blocks: RMSNorm before attention and MLP, rotary position embeddings (RoPE), a SwiGLU
-  MLP, no biases, grouped-query attention (n_kv_head key/value heads shared by n_head query
-  heads), tied input and output embeddings, the vocabulary padded to a multiple of 64.
-- LIMe: every layer puts its raw (pre-RoPE) keys and values into a "layer memory". With
-  router='static' or 'dynamic', layer l >= 1 attends over a learned mix of the keys and values
-  of layers 0..l (StaticRouter, DynamicRouter) instead of its own alone. router='none' is the
-  plain LLaMA model, with no extra parameter and no extra work.
-- Hyper-connections (HC, arXiv 2409.19606), the paper's other baseline, as an option: the
-  residual stream becomes n streams that each sub-layer reads a mix of and writes back into.
-- generate() keeps a KV cache of the *routed* keys/values: the same size as the baseline's.
+What differs from nanoGPT's model.py:
+- LLaMA blocks: RMSNorm, rotary position embeddings (RoPE), a SwiGLU MLP, no biases, grouped-
+  query attention (n_kv_head key/value heads), tied embeddings padded to a multiple of 64.
+- LIMe: every layer puts its raw (pre-RoPE) keys and values into a "layer memory", and with
+  router='static' or 'dynamic' layer l >= 1 attends over a learned mix of the keys and values
+  of layers 0..l (StaticRouter, DynamicRouter). router='none' is the plain LLaMA model.
+- Hyper-connections (HyperConnection), the paper's other baseline, as an option.
+- generate() caches the *routed* keys/values: a cache the size of the baseline's.
 
-The file reads top down: the config; LIMe (the two routers, and the attention that fills and
-reads the layer memory); the LLaMA parts; the GPT that ties them together; checkpoints.
-
-Shapes: B batch, T time, D width (n_embd), H query heads, G key/value heads, hs head size,
-S source layers a router reads (l + 1 at layer l). Keys and values travel together as one
-tensor kv of shape (B, T, 2, G, hs), because a router mixes both with the same weights.
-
-    python -c "import lime; print(lime.GPT(lime.GPTConfig(router='static')))"
+Top down: the config; LIMe (routers, and the attention that fills and reads the memory); the
+LLaMA parts; the GPT; checkpoints. Shapes: B batch, T time, D width, H query heads, G key/value
+heads, hs head size, S source layers (l + 1 at layer l). Keys and values travel together as one
+tensor kv (B, T, 2, G, hs): a router mixes both with the same weights.
 """
 import importlib.util
 import math
@@ -53,9 +46,8 @@ class GPTConfig:
     def __post_init__(self):
         self.n_kv_head = self.n_kv_head or self.n_head
         self.mlp_hidden = self.mlp_hidden or 4 * self.n_embd
-        for name in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd'):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if min(self.block_size, self.vocab_size, self.n_layer, self.n_head, self.n_embd) <= 0:
+            raise ValueError(f"block_size, vocab_size, n_layer, n_head, n_embd must be > 0: {self}")
         if self.router not in ROUTERS:
             raise ValueError(f"router must be one of {ROUTERS}, got {self.router!r}")
         if self.n_embd % self.n_head or (self.n_embd // self.n_head) % 2:
@@ -64,11 +56,8 @@ class GPTConfig:
         if self.n_head % self.n_kv_head:
             raise ValueError(f"n_head ({self.n_head}) must be a multiple of n_kv_head "
                              f"({self.n_kv_head})")
-        if not 0.0 < self.router_top_p <= 1.0:
-            raise ValueError(f"router_top_p must be in (0, 1], got {self.router_top_p}")
-        if self.hyper_connections < 0:
-            raise ValueError("hyper_connections must be 0 (off) or the number of streams, "
-                             f"got {self.hyper_connections}")
+        if not 0.0 < self.router_top_p <= 1.0 or self.hyper_connections < 0:
+            raise ValueError(f"router_top_p must be in (0, 1] and hyper_connections >= 0: {self}")
 
 
 # -----------------------------------------------------------------------------
@@ -87,9 +76,8 @@ class StaticRouter(nn.Module):
         self.top_p = config.router_top_p
         self.weight = nn.Parameter(torch.empty(G, S * G))  # R; row g: all (layer, head) sources
 
-    def reset_parameters(self):
-        # The paper's init: the identity on its own layer's heads, so that it starts by reading
-        # its own keys/values; small uniform noise elsewhere (an all-random init did worse).
+    def reset_parameters(self):  # the paper's: reads its own layer (identity), plus noise
+        # (an all-random init did worse)
         G, fan_in = self.weight.shape
         bound = math.sqrt(3.0 / fan_in)
         with torch.no_grad():
@@ -97,7 +85,7 @@ class StaticRouter(nn.Module):
             self.weight[:, -G:] = torch.eye(G)
 
     def mix_weights(self):
-        """R as used, (G, S * G): outside the top-p set zeroed (signed weights: no renormalising)."""
+        """R as used, (G, S * G): outside the top-p set zeroed (signed: no renormalising)."""
         R = self.weight
         if self.top_p < 1.0:
             R = R * top_p_mask(R.abs(), self.top_p)  # per output head, over all its sources
@@ -202,15 +190,13 @@ def top_p_mask(weights, p):
     return torch.zeros_like(keep).scatter(-1, order, keep)
 
 
-# The routers' mix is defined by the plain PyTorch above. kernels/fused.py computes the same
-# numbers in fused Triton kernels, faster on a GPU; use_fused_kernels() switches to them.
-mix_kernels = None
+mix_kernels = None  # None: the plain PyTorch above; else kernels/fused.py (use_fused_kernels)
 
 
 def use_fused_kernels(fused, device):
-    """Where the routers' mix runs from now on, for every model: fused=True, kernels/fused.py
-    (on a CPU through Triton's interpreter: slow, for tests); False, the plain PyTorch here;
-    None, the kernels where they run natively (CUDA, with triton installed)."""
+    """The one switch for how the routers mix, in every model: fused=True, kernels/fused.py's
+    Triton kernels, the same numbers faster (on a CPU, through Triton's interpreter: for tests);
+    False, the plain PyTorch here, the definition; None, the kernels on CUDA if triton is there."""
     global mix_kernels
     have_triton = importlib.util.find_spec('triton') is not None
     if fused is True and not have_triton:
@@ -382,7 +368,7 @@ class GPT(nn.Module):
         return [b.attn.router for b in self.blocks if b.attn.router is not None]
 
     def hyper_connections(self):
-        return [hc for b in self.blocks for hc in (b.hc_attn, b.hc_mlp) if hc is not None]
+        return [c for b in self.blocks for c in (b.hc_attn, b.hc_mlp) if c is not None]
 
     def init_weights(self):
         """All initialisation in one place: GPT-2's normal(0, 0.02), with the projections that
@@ -395,7 +381,7 @@ class GPT(nn.Module):
                 nn.init.ones_(module.weight)
         for block in self.blocks:
             for proj in (block.attn.o_proj, block.mlp.down_proj):
-                nn.init.normal_(proj.weight, mean=0.0, std=0.02 / math.sqrt(2 * self.config.n_layer))
+                nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * self.config.n_layer))
         for module in self.routers() + self.hyper_connections():
             module.reset_parameters()
 
@@ -465,7 +451,7 @@ class GPT(nn.Module):
         authors do: the static A and B are not decayed (for the same reason), the dynamic W is."""
         router_params = {p for r in self.routers() for p in r.parameters()}
         no_decay = {r.weight for r in self.routers() if isinstance(r, StaticRouter)}
-        no_decay |= {p for hc in self.hyper_connections() for p in (hc.static_alpha, hc.static_beta)}
+        no_decay |= {p for c in self.hyper_connections() for p in (c.static_alpha, c.static_beta)}
         # Groups by role, not by value, so a checkpoint's optimizer state fits any learning rate.
         groups = {(role, decay): [] for role in ('main', 'router') for decay in (True, False)}
         for p in self.parameters():
@@ -502,14 +488,13 @@ class GPT(nn.Module):
         return matmuls + attention + routing + hc
 
     def estimate_mfu(self, tokens_per_second, peak_flops=989e12, seq_len=None):
-        """Model FLOPs utilisation: training FLOP/s over the device's peak (default: H100 SXM
-        bf16 dense, 989 TFLOP/s)."""
+        """Training FLOP/s over the device's peak (default: H100 SXM bf16 dense)."""
         return self.flops_per_token(seq_len) * tokens_per_second / peak_flops
 
 
 # -----------------------------------------------------------------------------
-# Checkpoints, written and read here only: a dict of the model's weights ('model') and its
-# GPTConfig ('model_args'), beside what train.py keeps to resume ('optimizer', 'step', ...).
+# Checkpoints, written and read here only: a dict of the weights ('model') and the GPTConfig
+# ('model_args'), beside what train.py keeps to resume ('optimizer', 'step', ...).
 
 
 def save_checkpoint(path, model, **state):
@@ -530,8 +515,7 @@ def save_checkpoint(path, model, **state):
 
 
 def load_checkpoint(path, device, keys=('model', 'model_args')):
-    """The checkpoint at path, on device, holding at least keys. Raises ValueError, with one
-    line saying why, if it is missing, unreadable or something else."""
+    """The checkpoint at path, on device, holding at least keys; else a one-line ValueError."""
     if not os.path.isfile(path):
         raise ValueError(f"no checkpoint at {path} (train.py writes one to its out_dir)")
     try:
@@ -549,21 +533,20 @@ def load_checkpoint(path, device, keys=('model', 'model_args')):
 
 
 def load_model(path, device):
-    """The model in the checkpoint at path, in eval mode on device, and the checkpoint itself.
-    Raises ValueError, with one line saying why, if it does not load."""
+    """(the checkpoint's model, in eval mode on device, the checkpoint); else a ValueError."""
     checkpoint = load_checkpoint(path, device, ('model', 'model_args', 'step', 'best_val_loss'))
     try:
         model = GPT(GPTConfig(**checkpoint['model_args']))
         model.load_state_dict(checkpoint['model'])
     except (TypeError, ValueError, RuntimeError) as e:  # saved by another version of lime.py?
-        raise ValueError(f"{path}: its model does not load into this lime.py: {last_line(e)}") from None
+        raise ValueError(f"{path}: its model does not load into this lime.py: "
+                         f"{last_line(e)}") from None
     print(f"loaded {path}: step {checkpoint['step']}, router={model.config.router}, "
           f"val loss {checkpoint['best_val_loss']:.4f}", file=sys.stderr)
     return model.eval().to(device), checkpoint
 
 
 def last_line(error):
-    """torch's messages run to many lines; the last is the most specific (for size mismatches
-    and missing weights it names the weight)."""
+    """The last line of torch's long messages: the most specific (it names a missing weight)."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return lines[-1] if lines else type(error).__name__

@@ -1,22 +1,22 @@
 """
 Tokenize text with the GPT-2 BPE into the binary shards that train.py reads. One source per run:
 
-    python prepare.py                                   # Python's own docs, shipped with Python: no download
-    python prepare.py --input a.txt b.jsonl c.jsonl.gz  # local files (.jsonl: one {"text": ...} per line)
-    python prepare.py --source fineweb --max_tokens 1B  # FineWeb-Edu sample-10BT (pip install datasets)
+    python prepare.py                                   # Python's bundled docs: no download
+    python prepare.py --input a.txt b.jsonl c.jsonl.gz  # local files (.jsonl: {"text": ...} a line)
+    python prepare.py --source fineweb --max_tokens 1B  # FineWeb-Edu sample-10BT (needs datasets)
 
 and then, e.g., `python train.py config/cpu_demo.py`. `python prepare.py -h` lists all options.
 
-Each document becomes <|endoftext|> followed by its tokens, so the model is always told where a new document
-starts, and documents are packed back to back. Every --val_every-th document goes to validation until that
-split holds --val_tokens tokens; all others go to training.
+Each document becomes <|endoftext|> followed by its tokens, so the model is always told where a new
+document starts, and documents are packed back to back. Every --val_every-th document goes to
+validation until that split holds --val_tokens tokens; all others go to training.
 
-Shards use the llm.c / modded-nanogpt format: a header of 256 int32 (magic 20240520, version 1, token count)
-followed by the tokens as little-endian uint16. Shard 0 holds validation, `{prefix}_val_000000.bin`, and
-training follows in `{prefix}_train_000001.bin`, `{prefix}_train_000002.bin`, ... Because format and naming
-match, existing pre-tokenized GPT-2 FineWeb-Edu shards in this format can be dropped into a directory and
-used with train.py --data_dir as they are. The other scripts find and read shards with shard_paths() and
-read_shard() from here, the format's one home.
+Shards use the llm.c / modded-nanogpt format: a header of 256 int32 (magic 20240520, version 1,
+token count) followed by the tokens as little-endian uint16. Shard 0 holds validation,
+`{prefix}_val_000000.bin`, and training follows in `{prefix}_train_000001.bin`,
+`{prefix}_train_000002.bin`, ... As format and naming match, pre-tokenized GPT-2 FineWeb-Edu shards
+can be dropped into a directory and used with train.py --data_dir as they are. The other scripts
+find and read shards with shard_paths() and read_shard() from here, the format's one home.
 """
 import argparse
 import glob
@@ -36,14 +36,14 @@ MAGIC, VERSION = 20240520, 1  # identify the llm.c / modded-nanogpt shard format
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
 EOT = 50256  # GPT-2's <|endoftext|>; its largest id, so every GPT-2 token fits in a uint16
-PREFIXES = {"pydoc": "pydoc", "local": "local", "fineweb": "fineweb_edu"}  # source -> shard name prefix
+PREFIXES = {"pydoc": "pydoc", "local": "local", "fineweb": "fineweb_edu"}  # source -> shard prefix
 
 # -----------------------------------------------------------------------------
 # shard files
 
 
 def write_shard(path, tokens):
-    """Write token ids as one shard, atomically: an interrupted write never leaves a file under `path`."""
+    """Write token ids as a shard, atomically: an interrupted write leaves no file under `path`."""
     tokens = np.asarray(tokens)
     if tokens.size and not (tokens.min() >= 0 and tokens.max() < 2**16):
         raise ValueError(f"{path}: token ids must lie in [0, 65536) to be stored as uint16")
@@ -69,7 +69,8 @@ def read_shard(path, vocab_size=None):
     holds an id the model has no embedding for (that check reads the shard whole)."""
     size = os.path.getsize(path)
     if size < HEADER_BYTES:
-        raise ValueError(f"{path}: {size} bytes is too short to hold the {HEADER_BYTES}-byte shard header")
+        raise ValueError(f"{path}: {size} bytes is too short to hold the {HEADER_BYTES}-byte "
+                         "shard header")
     magic, version, n = (int(x) for x in np.fromfile(path, dtype="<i4", count=3))
     if magic != MAGIC:
         raise ValueError(f"{path}: bad magic number {magic} (expected {MAGIC}): not a token shard")
@@ -80,8 +81,8 @@ def read_shard(path, vocab_size=None):
         problem = "truncated" if held < n else "size mismatch"
         raise ValueError(f"{path}: {problem}: header says {n} tokens, file holds {held}")
     tokens = np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(n,))
-    if vocab_size is not None and n and int(tokens.max()) >= vocab_size:
-        raise ValueError(f"{path} holds token id {int(tokens.max())}, but vocab_size is {vocab_size}")
+    if vocab_size is not None and n and (top := int(tokens.max())) >= vocab_size:
+        raise ValueError(f"{path} holds token id {top}, but vocab_size is {vocab_size}")
     return tokens
 
 
@@ -91,13 +92,13 @@ def shard_path(out_dir, prefix, split, index):
 
 
 def shard_paths(data_dir, split):
-    """The paths of data_dir's shards of split ('train' or 'val'), in order. Raises ValueError, saying
-    how to make some, if there are none."""
+    """The paths of data_dir's shards of split ('train' or 'val'), in order. Raises ValueError,
+    saying how to make some, if there are none."""
     paths = sorted(glob.glob(os.path.join(data_dir, f"*_{split}_*.bin")))
     if not paths:
         where = "" if os.path.isdir(data_dir) else " (there is no such directory)"
-        raise ValueError(f"no *_{split}_*.bin shards in {data_dir}/{where}: write some with prepare.py, "
-                         "or point --data_dir at them")
+        raise ValueError(f"no *_{split}_*.bin shards in {data_dir}/{where}: write some with "
+                         "prepare.py, or point --data_dir at them")
     return paths
 
 
@@ -120,6 +121,53 @@ def token_bytes(vocab_size, data_dir):
     return np.array([len(enc.decode_single_token_bytes(i)) for i in range(EOT)] + [0]), None
 
 
+class Batches:
+    """Training batches from data_dir's shards: (x, y) int64 arrays of B sequences of T tokens, y
+    being x shifted by one, read in order through the shards, round and round. A micro-step takes a
+    stretch of span = B*T*world_size tokens and process `rank` its slice, so a run sees the same
+    tokens for any number of processes. Every shard is checked here, before step 0 and not when a
+    run reaches it; one too short for a micro-step (like the last one prepare.py writes) is skipped,
+    with a note to log. Raises ValueError, saying why, where data can't serve."""
+
+    def __init__(self, data_dir, B, T, rank=0, world_size=1, vocab_size=None, log=print):
+        self.files = shard_paths(data_dir, "train")
+        self.data_dir, self.B, self.T, self.rank, self.span = data_dir, B, T, rank, B*T*world_size
+        lengths = [len(read_shard(path, vocab_size)) for path in self.files]
+        self.usable = [i for i, n in enumerate(lengths) if n > self.span]  # the +1: the last target
+        for path, n in zip(self.files, lengths):
+            if n <= self.span:
+                log(f"note: skipping {path}: its {n:,} tokens are fewer than a micro-step's "
+                    f"{self.span + 1:,}")
+        if not self.usable:
+            raise ValueError(f"no training shard in {data_dir}/ holds one micro-step of batch_size "
+                             f"* block_size * processes + 1 = {self.span+1:,} tokens (the longest "
+                             f"holds {max(lengths):,}): lower them, as config/cpu_demo.py does")
+        self.restore({"shard": self.usable[0], "pos": 0})
+
+    def state(self):  # the position indexes all shards, usable or not, so it means one file
+        return {"shard": self.shard, "pos": self.pos, "data_dir": os.path.realpath(self.data_dir)}
+
+    def restore(self, state):
+        shard, self.pos = state["shard"], state["pos"]
+        if shard >= len(self.files):
+            raise ValueError(f"the checkpoint stopped in training shard {shard + 1}, but "
+                             f"{self.data_dir}/ holds only {len(self.files)}: is it the same data?")
+        if shard not in self.usable:  # too short for this run's micro-steps: on to the next
+            shard, self.pos = self.following(shard), 0
+        self.shard, self.tokens = shard, read_shard(self.files[shard])
+
+    def following(self, shard):
+        return next((i for i in self.usable if i > shard), self.usable[0])
+
+    def next(self):
+        if self.pos + self.span + 1 > len(self.tokens):  # not enough left: on to the next shard
+            self.restore({"shard": self.following(self.shard), "pos": 0})
+        start = self.pos + self.rank * self.B * self.T
+        buf = self.tokens[start:start + self.B * self.T + 1].astype(np.int64)
+        self.pos += self.span
+        return buf[:-1].reshape(self.B, self.T), buf[1:].reshape(self.B, self.T)
+
+
 # -----------------------------------------------------------------------------
 # sources: each yields documents as strings
 
@@ -136,11 +184,10 @@ def squeeze_spaces(text):
 
 
 def pydoc_documents(max_chars=3000):
-    """Python's bundled documentation (pydoc_data, ~465K characters), its spaces squeezed, in pieces of
-    about max_chars.
-    Its topics run from 200 to 62K characters; cutting long ones at paragraph breaks keeps a single
-    big topic from landing whole in (or out of) the 5% validation split."""
-    from pydoc_data.topics import topics  # here, not at the top, so importing prepare.py stays cheap
+    """Python's bundled documentation (pydoc_data, ~465K characters), its spaces squeezed, in pieces
+    of about max_chars. Its topics run from 200 to 62K characters; cutting long ones at paragraph
+    breaks keeps a single big topic from landing whole in (or out of) the 5% validation split."""
+    from pydoc_data.topics import topics  # not at the top, so importing prepare.py stays cheap
     for name in sorted(topics):
         parts, chars = [], 0
         for paragraph in squeeze_spaces(topics[name]).split("\n\n"):
@@ -176,12 +223,12 @@ def file_documents(path):
                 if not line.strip():
                     continue
                 try:
-                    record = json.loads(line)  # given bytes, json also reports bad UTF-8 as a ValueError
+                    record = json.loads(line)  # json also reports bad UTF-8 bytes as a ValueError
                 except ValueError as e:
                     raise InputError(f"{path}:{lineno}: not valid JSON ({e})")
                 yield record_text(record, f"{path}:{lineno}")
-    # Unreadable, or, for .gz, cut short (EOFError) or not gzip at all (BadGzipFile, an OSError): this
-    # runs in the pool's feeder thread, so left alone it would surface as a multiprocessing traceback.
+    # Unreadable, or, for .gz, cut short (EOFError) or not gzip (BadGzipFile, an OSError): this runs
+    # in the pool's feeder thread, so left alone it would surface as a multiprocessing traceback.
     except (OSError, EOFError, zlib.error) as e:
         raise InputError(f"{path}: could not read it ({e})")
 
@@ -206,7 +253,8 @@ def fineweb_documents():
     try:
         import datasets  # optional: only this source needs it
     except ImportError:
-        raise InputError("--source fineweb needs the Hugging Face datasets package: pip install datasets")
+        raise InputError("--source fineweb needs the Hugging Face datasets package: "
+                         "pip install datasets")
     records = datasets.load_dataset("HuggingFaceFW/fineweb-edu", name="sample-10BT", split="train",
                                     streaming=True)
     return fineweb_texts(records)
@@ -222,8 +270,9 @@ def gpt2_encoding():
     try:
         return tiktoken.get_encoding("gpt2")
     except Exception as e:  # requests' connection errors, mostly: many lines each
-        raise InputError(f"could not load the GPT-2 tokenizer ({type(e).__name__}): tiktoken downloads it on "
-                         "first use; offline, set TIKTOKEN_CACHE_DIR to a directory holding its cached files")
+        raise InputError(f"could not load the GPT-2 tokenizer ({type(e).__name__}): tiktoken "
+                         "downloads it on first use; offline, set TIKTOKEN_CACHE_DIR to a "
+                         "directory holding its cached files")
 
 
 def tokenize(text):
@@ -233,13 +282,14 @@ def tokenize(text):
 
 
 def prepare(documents, out_dir, prefix, args):
-    """Tokenize documents in parallel, split them into validation and training, and write the shards."""
+    """Tokenize documents in parallel, split them into validation and training, write the shards."""
     gpt2_encoding()  # loaded here, once, before the workers start: they find it cached
     val = []  # validation documents, written last as shard 0
     buf, fill = np.empty(args.shard_size, dtype=np.uint16), 0  # the training shard being filled
     n_docs = n_val = n_train = n_train_shards = 0
-    # imap keeps the documents in order, so a run is reproducible; chunks amortize the inter-process traffic.
-    with Pool(args.workers) as pool, tqdm(total=args.max_tokens, unit="tok", unit_scale=True) as bar:
+    # imap keeps documents in order, so a run is reproducible; chunks amortize inter-process traffic
+    with Pool(args.workers) as pool, \
+            tqdm(total=args.max_tokens, unit="tok", unit_scale=True) as bar:
         for tokens in pool.imap(tokenize, documents, chunksize=16):
             bar.update(len(tokens))
             if n_docs % args.val_every == 0 and n_val < args.val_tokens:
@@ -259,7 +309,8 @@ def prepare(documents, out_dir, prefix, args):
             if args.max_tokens and n_val + n_train >= args.max_tokens:
                 break
     if n_train == 0:
-        raise InputError(f"got {n_docs} document(s); need at least 2, since the first goes to validation")
+        raise InputError(f"got {n_docs} document(s); need at least 2, since the first goes to "
+                         "validation")
     if fill:
         n_train_shards += 1
         write_shard(shard_path(out_dir, prefix, "train", n_train_shards), buf[:fill])
@@ -278,26 +329,29 @@ def count(text):
     except (ValueError, OverflowError):
         n = 0
     if n <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive count like 500K, 100M, 2.5B or 1000: {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a positive count like 500K, 100M, 2.5B or "
+                                         f"1000: {text!r}")
     return n
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description="Tokenize text into GPT-2 token shards for train.py.")
+    parser = argparse.ArgumentParser(
+        description="Tokenize text into GPT-2 token shards for train.py.")
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--input", nargs="+", metavar="PATH", help=".txt, .jsonl or .jsonl.gz files")
+    source.add_argument("--input", nargs="+", metavar="PATH",
+                        help=".txt, .jsonl or .jsonl.gz files")
     source.add_argument("--source", choices=["pydoc", "fineweb"], default="pydoc",
                         help="built-in source, when no --input is given (default: pydoc)")
     parser.add_argument("--out_dir", help="where the shards go (default: data/pydoc, data/local or "
                         "data/fineweb_edu)")
-    parser.add_argument("--max_tokens", type=count, metavar="N",
-                        help="stop after about N tokens, in whole documents (default: use everything)")
-    parser.add_argument("--shard_size", type=count, default=10**8, metavar="N",
-                        help="tokens per training shard (default 100M: 200 MB, small enough to load whole)")
+    parser.add_argument("--max_tokens", type=count, metavar="N", help="stop after about N tokens, "
+                        "in whole documents (default: use everything)")
+    parser.add_argument("--shard_size", type=count, default=10**8, metavar="N", help="tokens per "
+                        "training shard (default 100M: 200 MB, small enough to load whole)")
     parser.add_argument("--val_every", type=count, default=20, metavar="N",
                         help="every N-th document goes to validation... (default 20, i.e. 5%%)")
-    parser.add_argument("--val_tokens", type=count, default=10**7, metavar="N",
-                        help="...until it holds N tokens (default 10M, plenty for a low-noise val loss)")
+    parser.add_argument("--val_tokens", type=count, default=10**7, metavar="N", help="...until it "
+                        "holds N tokens (default 10M, plenty for a low-noise val loss)")
     parser.add_argument("--workers", type=count, default=os.cpu_count(), metavar="N",
                         help="tokenizer processes (default: one per CPU core)")
     args = parser.parse_args(argv)
@@ -309,7 +363,8 @@ def main(argv=None):
     # without it, shards left by an interrupted run are deleted, so none mixes into the new set.
     old_shards = glob.glob(os.path.join(out_dir, f"{prefix}_*.bin"))
     if os.path.exists(shard_path(out_dir, prefix, "val", 0)):
-        print(f"{out_dir} already holds {len(old_shards)} shards: kept (delete them to prepare anew)")
+        print(f"{out_dir} already holds {len(old_shards)} shards: kept "
+              "(delete them to prepare anew)")
         return
     for path in old_shards:
         os.remove(path)
@@ -324,7 +379,7 @@ def main(argv=None):
         prepare(documents, out_dir, prefix, args)
     except (InputError, OSError) as e:  # OSError: out_dir not writable, or a file; a full disk
         for path in glob.glob(os.path.join(out_dir, f"{prefix}_*.bin")):
-            os.remove(path)  # the training shards written so far: no half set is left to mistake for data
+            os.remove(path)  # training shards written so far: leave no half set to mistake for data
         sys.exit(f"prepare.py: error: {e}")
 
 

@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configurator import configure, fail, or_fail
 from lime import GPT, GPTConfig, load_checkpoint, save_checkpoint, use_fused_kernels
-from prepare import read_shard, shard_paths, token_bytes
+from prepare import Batches, read_shard, shard_paths, token_bytes
 
 try:
     import fcntl  # POSIX file locks: one run at a time in an out_dir
@@ -156,27 +156,13 @@ log(f"tokens per step: {tokens_per_step:,} = {batch_size} batch x {block_size} b
 torch.manual_seed(seed)
 
 # -----------------------------------------------------------------------------
-# data: every shard the run will read is checked now, before step 0, not when the run reaches
-# it (an id past the vocabulary would crash the embedding far from its cause).
+# data: every shard is checked now, before step 0 (prepare.Batches reads them all)
 
 if not os.path.isdir(data_dir):  # checked before a model is built, which can take a while
-    fail(f"data_dir not found: {data_dir} (prepare.py writes it: `python prepare.py` writes "
-         "data/pydoc for config/cpu_demo.py; `--source fineweb` writes data/fineweb_edu)")
-train_files = or_fail(shard_paths, data_dir, 'train')
-val_files = or_fail(shard_paths, data_dir, 'val')
-# A micro-step reads span + 1 consecutive tokens of one shard (the 1: the last token's target).
-# A shorter shard, such as the last one prepare.py writes, is skipped.
-span = batch_size * block_size * world_size
-lengths = [len(or_fail(read_shard, path, vocab_size)) for path in train_files]
-usable = [i for i, n in enumerate(lengths) if n > span]
-for path, n in zip(train_files, lengths):
-    if n <= span:
-        log(f"note: skipping {path}: its {n:,} tokens are fewer than a micro-step's {span + 1:,}")
-if not usable:
-    fail(f"no training shard in {data_dir}/ holds one micro-step of batch_size * block_size * "
-         f"processes + 1 = {span + 1:,} tokens (the longest holds {max(lengths):,}): lower "
-         "batch_size or block_size, as config/cpu_demo.py does")
-val_tokens = or_fail(read_shard, val_files[0], vocab_size)  # evaluations read its start
+    fail(f"data_dir not found: {data_dir} (prepare.py writes shards: `python prepare.py --source "
+         "fineweb` for data/fineweb_edu; to start small, `python prepare.py` for config/cpu_demo.py)")
+train_batches = or_fail(Batches, data_dir, batch_size, block_size, rank, world_size, vocab_size, log)
+val_tokens = or_fail(read_shard, or_fail(shard_paths, data_dir, 'val')[0], vocab_size)
 val_batches = min(eval_iters, (len(val_tokens) - 1) // (batch_size * block_size))
 if val_batches == 0:
     fail(f"the validation shard holds {len(val_tokens):,} tokens, fewer than one batch of "
@@ -200,44 +186,6 @@ if mc_interval:  # a multiple-choice task, scored during training: lab/evaluate.
     mc = TaskScorer(mc_task, mc_examples, vocab_size, block_size, rank, world_size)
 
 
-class Batches:
-    """(x, y) batches of B sequences of T tokens, read in order through the usable shards, round
-    and round. Each micro-step takes a stretch of span = B*T*world_size tokens, and process r its
-    slice r, so a run sees the same tokens for any number of processes. The position indexes all
-    shards, so a checkpoint's means the same file whichever are skipped."""
-
-    def __init__(self, B, T, state=None):
-        self.B, self.T = B, T
-        shard, self.pos = (state['shard'], state['pos']) if state else (usable[0], 0)
-        if shard >= len(train_files):
-            fail(f"the checkpoint stopped in training shard {shard + 1}, but {data_dir}/ holds "
-                 f"only {len(train_files)}: is this the data it was trained on?")
-        if shard not in usable:  # too short for this run's micro-steps: on to the next
-            shard, self.pos = self.following(shard), 0
-        self.load(shard)
-
-    def load(self, shard):
-        self.shard, self.tokens = shard, or_fail(read_shard, train_files[shard])
-
-    def following(self, shard):
-        return next((i for i in usable if i > shard), usable[0])
-
-    def state(self):
-        return {'shard': self.shard, 'pos': self.pos, 'data_dir': os.path.realpath(data_dir)}
-
-    def next(self):
-        if self.pos + span + 1 > len(self.tokens):  # not enough left: on to the next shard
-            self.load(self.following(self.shard))
-            self.pos = 0
-        start = self.pos + rank * self.B * self.T
-        buf = torch.from_numpy(self.tokens[start:start + self.B * self.T + 1].astype(np.int64))
-        self.pos += span
-        x, y = buf[:-1].view(self.B, self.T), buf[1:].view(self.B, self.T)  # y: x shifted by one
-        if device_type == 'cuda':  # pinned memory lets the copy overlap the GPU's work
-            x, y = x.pin_memory(), y.pin_memory()
-        return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-
-
 # -----------------------------------------------------------------------------
 # out_dir: one run at a time, and no run lost to a repeated command
 
@@ -245,10 +193,9 @@ step = checkpoint['step'] if checkpoint is not None else 0
 
 
 def claim_out_dir(header):
-    """out_dir/log.txt, opened with the run's record (header: its settings and size) and locked
-    while this process lives, so that a second run into out_dir is refused. Under the lock, a
-    scratch run refuses an out_dir holding a run unless told to overwrite it; a resumed run
-    drops the records written after its checkpoint (it is about to write them again)."""
+    """out_dir/log.txt, opened with the run's record (header) and locked while this process lives:
+    a second run into out_dir is refused. A scratch run refuses an out_dir holding a run unless
+    told to overwrite it; a resumed run drops the records written after its checkpoint."""
     try:
         os.makedirs(out_dir, exist_ok=True)
         log_file = open(os.path.join(out_dir, 'log.txt'), 'a+')
@@ -278,8 +225,7 @@ def claim_out_dir(header):
     else:  # a record cut short by the kill goes too, and the old run record gives way to ours
         records = [r for r in records
                    if r.endswith('\n') and json.loads(r).get('step', step + 1) <= step]
-    log_file.seek(0)
-    log_file.truncate()
+    log_file.truncate(0)  # in append mode every write goes to the end, here the start
     log_file.writelines([json.dumps(header) + '\n'] + records)
     log_file.flush()
     return log_file
@@ -292,7 +238,7 @@ model = GPT(gptconf).to(device)
 optimizer = model.configure_optimizers(weight_decay, learning_rate, router_lr, (beta1, beta2),
                                        fused=device_type == 'cuda')
 base_lrs = [group['lr'] for group in optimizer.param_groups]  # the schedule scales each of these
-best_val_loss, data_state, saved_step = float('inf'), None, None
+best_val_loss, saved_step = float('inf'), None
 if checkpoint is not None:
     model.load_state_dict(checkpoint['model'])
     optimizer.load_state_dict(checkpoint['optimizer'])
@@ -300,18 +246,17 @@ if checkpoint is not None:
     # The data position means nothing in other data (older checkpoints: the path as given).
     trained_on = checkpoint['data'].get('data_dir', os.path.realpath(saved['data_dir']))
     if os.path.realpath(data_dir) == trained_on:
-        data_state = checkpoint['data']
+        or_fail(train_batches.restore, checkpoint['data'])
     else:
         log(f"note: {data_dir} is read from its start")
     torch.set_rng_state(checkpoint['rng']['cpu'])
-    if device_type == 'cuda' and checkpoint['rng']['cuda'] is not None:
+    if device_type == 'cuda' and isinstance(checkpoint['rng']['cuda'], torch.Tensor):
         torch.cuda.set_rng_state(checkpoint['rng']['cuda'])
     log(f"resumed from {ckpt_path} at step {step}")
     checkpoint = None  # free the memory
 log(f"model: {model.num_params() / 1e6:.2f}M parameters, router={gptconf.router}")
 log_file = claim_out_dir({'config': config, 'params': model.num_params(),
                           'flops_per_token': model.flops_per_token()}) if master else None
-train_batches = Batches(batch_size, block_size, data_state)
 
 raw_model = model  # the uncompiled module: its state dict is what checkpoints hold
 if compile:
@@ -380,8 +325,7 @@ def score_task():
 
 def save():
     """Everything a resumed run needs, in one checkpoint (written atomically by lime.py)."""
-    rng = {'cpu': torch.get_rng_state(),
-           'cuda': torch.cuda.get_rng_state() if device_type == 'cuda' else None}
+    rng = {'cpu': torch.get_rng_state(), 'cuda': device_type == 'cuda' and torch.cuda.get_rng_state()}
     try:
         save_checkpoint(ckpt_path, raw_model, optimizer=optimizer.state_dict(), step=step, rng=rng,
                         best_val_loss=best_val_loss, config=config, data=train_batches.state())
@@ -389,27 +333,15 @@ def save():
         fail(f"could not write {ckpt_path}: {e.strerror or e}")
 
 
-def write_log(**record):
-    log_file.write(json.dumps(record) + '\n')
-    log_file.flush()
-
-
 def stop_if_not_finite(value, what):
     if math.isfinite(value):
         return
-    if saved_step is None:
-        kept = (f"No checkpoint was saved before it (the first comes at step "
-                f"{min(eval_interval, max_iters)}): start again with a lower learning_rate and "
-                "--overwrite=True")
-    else:
-        kept = (f"The last good checkpoint ({ckpt_path}, step {saved_step}) is kept: resume from "
-                "it with --init_from=resume and a lower learning_rate")
+    kept = (f"The last good checkpoint ({ckpt_path}, step {saved_step}) is kept: resume from it "
+            "with --init_from=resume and a lower learning_rate" if saved_step is not None else
+            f"No checkpoint was saved before it (the first comes at step "
+            f"{min(eval_interval, max_iters)}): start again with a lower learning_rate and "
+            "--overwrite=True")
     fail(f"{what} is {value} at step {step}: stopping. {kept}")
-
-
-def duration(seconds):
-    h, rest = divmod(int(seconds), 3600)
-    return f"{h}h{rest // 60:02d}m" if h else f"{rest // 60}m{rest % 60:02d}s"
 
 
 # -----------------------------------------------------------------------------
@@ -435,7 +367,7 @@ while True:
         log(line)
         stop_if_not_finite(val_loss, 'the validation loss')
         if master:
-            write_log(**record)
+            print(json.dumps(record), file=log_file, flush=True)
             if step > start_step and (val_loss < best_val_loss or always_save_checkpoint):
                 best_val_loss = min(best_val_loss, val_loss)
                 save()
@@ -450,7 +382,10 @@ while True:
         group['lr'] = base_lr * factor
     loss_sum = torch.zeros((), device=device)
     for micro_step in range(accum_steps):
-        x, y = train_batches.next()
+        x, y = (torch.from_numpy(a) for a in train_batches.next())
+        if device_type == 'cuda':  # from pinned memory the copy overlaps the GPU's work
+            x, y = x.pin_memory(), y.pin_memory()
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         # Under DDP, average the gradients across processes only after the last micro-step.
         sync = nullcontext() if not ddp or micro_step == accum_steps - 1 else model.no_sync()
         with sync:
@@ -475,10 +410,12 @@ while True:
                 f"norm {grad_norm.item():.3f} | {dt * 1000:.1f} ms | {tokens_per_sec:,.0f} tok/s")
         if device_type == 'cuda':
             line += f" | mfu {raw_model.estimate_mfu(tokens_per_sec / world_size, peak_flops):.1%}"
-        log(line + f" | eta {duration(dt * (max_iters - step))}")
+        eta = dt * (max_iters - step) / 60  # minutes
+        log(line + (f" | eta {eta / 60:.1f} h" if eta > 90 else f" | eta {eta:.1f} min"))
         if master:
-            write_log(step=step, train_loss=train_loss, lr=base_lrs[0] * factor,
-                      grad_norm=grad_norm.item(), ms_per_step=dt * 1000, tokens_per_sec=tokens_per_sec)
+            print(json.dumps({'step': step, 'train_loss': train_loss, 'lr': base_lrs[0] * factor,
+                              'grad_norm': grad_norm.item(), 'ms_per_step': dt * 1000,
+                              'tokens_per_sec': tokens_per_sec}), file=log_file, flush=True)
         window_start, window_steps = time.time(), 0
 
 if ddp:

@@ -1,9 +1,9 @@
 """The paper's tiny model for the Arithmetic Expression Task (4 layers, 4 heads, width 32; Sec. 5.3.2) on
-the data of `python arith.py --mode=prepare`. About 10 minutes on one CPU core (OMP_NUM_THREADS=1 is
+the data of `python -m lab.arith --mode=prepare`. About 10 minutes on one CPU core (OMP_NUM_THREADS=1 is
 faster than two threads on a busy machine):
     python train.py config/arith.py --router=none --out_dir=out/arith_none
     python train.py config/arith.py --router=static --out_dir=out/arith_static
-    python arith.py --mode=eval --ckpt_dir=out/arith_static
+    python -m lab.arith --mode=eval --ckpt_dir=out/arith_static
 The paper trains far longer (200 epochs of 50,000 examples per tier, lr 1e-3 decaying linearly).
 """
 out_dir = 'out/arith'

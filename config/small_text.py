@@ -2,7 +2,7 @@
 Sized for about 4M GPT-2 tokens (e.g. 3.9M of English: Shakespeare, Milton and 8,000 short
 paragraphs), tokenized into data/small_text:
     python prepare.py --input a.jsonl.gz b.jsonl.gz --out_dir=data/small_text
-    bash compare.sh config/small_text.py          # none, static, dynamic, then their loss curves
+    bash lab/compare.sh config/small_text.py          # none, static, dynamic, then their loss curves
 Why this size: with ~3.7M training tokens, data is the limit, not compute. 12 layers of 384 (28M
 parameters besides the 19M of the embedding) see 700 steps x 16K tokens = 11.5M tokens, about 3
 epochs (3.6 PFLOP: under a minute of an H100 even at 10% MFU, plus compiling). Few enough repeats

@@ -3,8 +3,8 @@ analyze.py: look inside trained checkpoints, as the paper's analysis does (arXiv
 how each LIMe layer spreads its reading over the earlier layers, how much information each layer's
 values hold (their matrix entropy), and how well a linear probe tells similar tokens apart from them.
 
-    python analyze.py --out_dirs=out/none,out/static,out/dynamic --data_dir=data/pydoc
-    python analyze.py --out_dirs=out/cpu_demo --alpha=0.5 --fig_dir=figures/cpu_demo
+    python -m lab.analyze --out_dirs=out/none,out/static,out/dynamic --data_dir=data/pydoc
+    python -m lab.analyze --out_dirs=out/cpu_demo --alpha=0.5 --fig_dir=figures/cpu_demo
 
 It prints these tables: per LIMe checkpoint, its routing weights (paper Fig. 13), as percentages
 with a row of shading characters per layer and kv head; the mean weight that later layers give each

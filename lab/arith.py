@@ -3,10 +3,10 @@ arith.py: the paper's synthetic Arithmetic Expression Task (LIMe, arXiv 2502.092
 Feng et al. 2023), written as character-level shards for train.py, and an exact-match evaluation of a
 checkpoint trained on them.
 
-    python arith.py --mode=prepare                                   # data/arith/, in about 20 s
+    python -m lab.arith --mode=prepare                                   # data/arith/, in about 20 s
     python train.py config/arith.py --router=none --out_dir=out/arith_none
     python train.py config/arith.py --router=static --out_dir=out/arith_static
-    python arith.py --mode=eval --ckpt_dir=out/arith_static          # accuracy per operator count
+    python -m lab.arith --mode=eval --ckpt_dir=out/arith_static          # accuracy per operator count
 
 The task. An expression over the integers modulo a prime p (default 11) with n_ops operators from + - * /
 and n_ops + 1 numbers in [0, p), bracketed only where precedence needs it, is followed by its solution:
@@ -206,9 +206,9 @@ def run_prepare(task):
 
 def read_task(data_dir):
     path = os.path.join(data_dir, 'task.json')
-    task = read_json(path, 'task file', "the checkpoint was not trained on `arith.py --mode=prepare` data")
+    task = read_json(path, 'task file', "the checkpoint was not trained on `python -m lab.arith --mode=prepare` data")
     if not isinstance(task, dict) or not {'seed', 'modulus', 'min_ops', 'max_ops', 'cot'} <= task.keys():
-        fail(f"{path} is not the task.json that `arith.py --mode=prepare` writes")
+        fail(f"{path} is not the task.json that `python -m lab.arith --mode=prepare` writes")
     return task
 
 

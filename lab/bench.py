@@ -2,10 +2,10 @@
 bench.py: time full training steps (forward, backward, AdamW) of the baseline and the LIMe routers
 side by side, on random tokens, and print one markdown table.
 
-    python bench.py --shape=all                     # on a GPU: every GPU shape, one table
-    python bench.py --shape=gpt2 --routers=none,static,static-plain
-    python bench.py --shape=gpt2 --routers=none,hc,dynamic,dynamic-hc   # hyper-connections beside LIMe
-    python bench.py                                 # on a CPU: the tiny shape, in seconds
+    python -m lab.bench --shape=all                     # on a GPU: every GPU shape, one table
+    python -m lab.bench --shape=gpt2 --routers=none,static,static-plain
+    python -m lab.bench --shape=gpt2 --routers=none,hc,dynamic,dynamic-hc   # hyper-connections beside LIMe
+    python -m lab.bench                                 # on a CPU: the tiny shape, in seconds
 
 Each router's number is the median of `steps` timed steps after `warmup` untimed ones. The first
 step compiles (and tunes the fused kernels): its time beyond a normal step is the compile column.

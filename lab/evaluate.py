@@ -1,21 +1,41 @@
 """
 evaluate.py: score a checkpoint beyond its validation loss: accuracy on multiple-choice benchmarks
 (HellaSwag, or any task in one JSON-lines format) and, given a data directory, bits per byte. The
-scoring functions here are also what train.py calls to report both during training.
+scoring functions here are also what train.py calls to report both during training. From the repo
+root (docs/evaluation.md says more):
 
-    python evaluate.py --out_dir=out/gpt2 --task=hellaswag             # downloads the validation split once
-    python evaluate.py --out_dir=out/gpt2 --task=piqa_val.jsonl --shots=1 --train_file=piqa_train.jsonl
-    python evaluate.py --out_dir=out/cpu_demo --task= --data_dir=data/pydoc   # bits per byte only
+    python -m lab.evaluate --out_dir=out/gpt2 --task=hellaswag     # downloads the validation split
+    python -m lab.evaluate --out_dir=out/gpt2 --task=hellaswag --protocol=harness --shots=1
+    python -m lab.evaluate --out_dir=out/gpt2 --task=piqa_val.jsonl --shots=1 \
+        --train_file=piqa_train.jsonl
+    python -m lab.evaluate --out_dir=out/cpu_demo --task= --data_dir=data/pydoc   # bits per byte
 
 Multiple choice. A task file holds one example a line, {"context": "...", "endings": ["...", ...],
-"label": k} with k the index of the right ending (HellaSwag's own lines, {"ctx", "endings", "label"}, are
-read as they are). As in build-nanogpt and the Eleuther harness, each ending follows the context after a
-space (none if it starts with whitespace) and is scored by the model's cross-entropy on the ending's
-tokens only: `acc` picks the ending of least summed loss, `acc_norm` the least mean loss per token (which
-does not favour short endings). All endings of an example go through the model in one forward, padded on
-the right (padding cannot change earlier positions' logits in a causal model); a sequence longer than
-block_size loses tokens on the left. With --shots=k, each example is preceded by k solved examples
-drawn from --train_file (for hellaswag, its training split), each "context ending", joined by blank lines.
+"label": k} with k the index of the right ending; HellaSwag's own lines ({"activity_label", "ctx_a",
+"ctx_b", "ctx", "endings", "label", ...}) are read too. Each ending is scored by the model's summed
+cross-entropy on its tokens only, after the context: `acc` picks the ending of least summed loss,
+`acc_norm` the least loss per unit of length (which does not favour short endings). --protocol says
+how, and which published numbers the scores compare with:
+
+- 'build-nanogpt' (the default; train.py's too): build-nanogpt's hellaswag.py, whose numbers llm.c
+  shares (GPT-2 124M: 28.6% acc, 29.5% acc_norm). HellaSwag's context is its `ctx` as it is; the
+  ending follows after a space (none where it starts with whitespace); context and ending are
+  tokenized apart; acc_norm divides by the ending's tokens.
+- 'harness': the Eleuther LM Evaluation Harness's `hellaswag` task, which the LIMe paper's table
+  reports (1-shot; GPT-2 124M: 28.9% acc, 31.1% acc_norm). A HellaSwag line's context is rewritten,
+  preprocess(activity_label + ": " + ctx_a + " " + ctx_b.capitalize()), and each ending
+  preprocess(ending), where preprocess strips, makes " [title]" ". ", removes every [...] and
+  turns double spaces single (other tasks' lines are used as they are); the ending always follows
+  after a space; context + ending is tokenized whole, the ending's tokens being those after the
+  context's own; acc_norm divides by the ending's length in characters.
+
+In both, whitespace that ends a context moves to the start of the ending (as in the harness), so
+"... he " + "starts" scores ' starts', not 'st', 'arts'; an empty context is <|endoftext|>. All
+endings of an example go through the model in one forward, padded on the right (padding cannot
+change earlier positions' logits in a causal model); a sequence longer than block_size loses tokens
+on the left. With --shots=k, each example is preceded by k solved examples drawn from --train_file
+(for hellaswag, its training split), each its context, the joining space and its right ending, all
+joined by blank lines (the harness's few-shot format; its draws are not reproduced).
 
 Bits per byte: the loss in nats summed over the validation shard's tokens, over ln 2 times the UTF-8
 bytes those tokens decode to, so that models with different tokenizers compare. <|endoftext|> marks a
@@ -26,6 +46,7 @@ import json
 import math
 import os
 import random
+import re
 import sys
 import urllib.request
 
@@ -42,6 +63,7 @@ out_dir = 'out'  # the directory holding ckpt.pt
 task = 'hellaswag'  # 'hellaswag' (downloaded on first use), a JSON-lines task file, or '' for none
 max_examples = 0  # score only the task's first this many examples; 0 = all of them
 shots = 0  # solved examples put before each one (the paper's table is 1-shot)
+protocol = 'build-nanogpt'  # multiple choice scored as 'build-nanogpt' or Eleuther's 'harness' does
 train_file = ''  # where the solved examples come from (a task file); hellaswag uses its training split
 data_dir = ''  # a directory of token shards: report bits per byte on its validation shard; '' = don't
 batch_size = 8  # sequences of block_size tokens per forward, for bits per byte
@@ -88,8 +110,26 @@ def task_file(name, split='val'):
     return name
 
 
-def read_examples(path):
-    """The examples of a JSON-lines task file as (context, endings, label) tuples."""
+def preprocess(text):
+    """The harness's clean-up of HellaSwag's text: WikiHow's [header], [title], [step], ... markers
+    go (" [title]" becomes a full stop), and the spaces they leave."""
+    text = text.strip().replace(' [title]', '. ')
+    return re.sub(r'\[.*?\]', '', text).replace('  ', ' ')
+
+
+def harness_query(record, where):
+    """A HellaSwag line's context as the harness builds it: activity label, ctx_a and ctx_b."""
+    fields = [record.get(key) for key in ('activity_label', 'ctx_a', 'ctx_b')]
+    if not all(isinstance(field, str) for field in fields):
+        fail(f"{where}: --protocol=harness builds a HellaSwag context from its activity_label, "
+             "ctx_a and ctx_b (text each), and this line lacks one")
+    activity, ctx_a, ctx_b = fields
+    return preprocess(f"{activity}: {ctx_a} {ctx_b.capitalize()}")
+
+
+def read_examples(path, protocol='build-nanogpt'):
+    """The examples of a JSON-lines task file as (context, endings, label) tuples, HellaSwag's lines
+    rewritten as the protocol has them."""
     shape = '{"context": text, "endings": [two or more texts], "label": index of the right ending}'
     examples = []
     for n, line in enumerate(read_text(path, 'task file').split('\n'), 1):
@@ -99,7 +139,8 @@ def read_examples(path):
             record = json.loads(line)
         except ValueError as e:
             fail(f"{path}:{n}: not a JSON object ({e})")
-        if isinstance(record, dict) and 'ctx' in record and 'context' not in record:  # HellaSwag's own
+        hellaswag = isinstance(record, dict) and 'ctx' in record and 'context' not in record
+        if hellaswag:  # HellaSwag's own line
             record = {**record, 'context': record['ctx']}
         context, endings, label = (record.get(key) for key in ('context', 'endings', 'label')) \
             if isinstance(record, dict) else (None, None, None)
@@ -109,24 +150,38 @@ def read_examples(path):
                 and all(isinstance(e, str) for e in endings) and type(label) is int
                 and 0 <= label < len(endings)):
             fail(f"{path}:{n}: expected {shape}")
+        if hellaswag and protocol == 'harness':
+            context = harness_query(record, f"{path}:{n}")
+            endings = [preprocess(ending) for ending in endings]
         examples.append((context, endings, label))
     if not examples:
         fail(f"{path} holds no examples")
     return examples
 
 
-def continuation(context, ending):
-    """The ending as it follows the context: after a space, unless one side already has whitespace."""
+def continuation(context, ending, protocol='build-nanogpt'):
+    """The text that follows the context: the harness puts a space before every ending,
+    build-nanogpt too unless one side already has whitespace there."""
+    if protocol == 'harness':
+        return ' ' + ending
     return ending if not context or context[-1:].isspace() or ending[:1].isspace() else ' ' + ending
 
 
-def with_shots(examples, solved, k, seed):
+def split_at_whitespace(context, ending, protocol='build-nanogpt'):
+    """(context, continuation): the whitespace that ends the context moved to the continuation's
+    start, as the harness does, so that it is tokenized with the word after it."""
+    follows = continuation(context, ending, protocol)
+    stripped = context.rstrip()
+    return stripped, context[len(stripped):] + follows
+
+
+def with_shots(examples, solved, k, seed, protocol='build-nanogpt'):
     """Each example's context preceded by k solved examples drawn from solved, joined by blank lines."""
     rng = random.Random(seed)
     out = []
     for context, endings, label in examples:
         drawn = rng.sample(solved, k)
-        prefix = ''.join(c + continuation(c, e[l]) + '\n\n' for c, e, l in drawn)
+        prefix = ''.join(c + continuation(c, e[l], protocol) + '\n\n' for c, e, l in drawn)
         out.append((prefix + context, endings, label))
     return out
 
@@ -139,15 +194,25 @@ def task_tokenizer(vocab_size):
     return or_fail(gpt2_encoding)
 
 
-def encode_example(enc, example, block_size):
-    """One (tokens, mask) pair per ending: the context's tokens then the ending's, the mask 1 on the
-    ending's. Cut on the left to block_size + 1 tokens (the inputs are all but the last)."""
+def encode_example(enc, example, block_size, protocol='build-nanogpt'):
+    """One (tokens, mask, length) per ending: the context's tokens then the ending's, the mask 1 on
+    the ending's, cut on the left to block_size + 1 tokens (the inputs are all but the last).
+    length is what acc_norm divides the ending's loss by: its tokens that are scored
+    (build-nanogpt), or its characters (harness). The harness tokenizes context + ending whole and
+    takes as the ending's the tokens after the context's own; build-nanogpt tokenizes them apart."""
     context, endings, _ = example
-    ctx = enc.encode_ordinary(context)
     rows = []
     for ending in endings:
-        end = enc.encode_ordinary(continuation(context, ending))
-        rows.append(((ctx + end)[-(block_size + 1):], ([0] * len(ctx) + [1] * len(end))[-(block_size + 1):]))
+        text, follows = split_at_whitespace(context, ending, protocol)
+        ctx = enc.encode_ordinary(text)
+        if protocol == 'harness':
+            end = enc.encode_ordinary(text + follows)[len(ctx):]
+        else:
+            end = enc.encode_ordinary(follows)
+        ctx = ctx or [EOT]  # the first token is predicted from something
+        tokens = (ctx + end)[-(block_size + 1):]
+        mask = ([0] * len(ctx) + [1] * len(end))[-(block_size + 1):]
+        rows.append((tokens, mask, len(ending) if protocol == 'harness' else sum(mask[1:])))
     return rows
 
 
@@ -157,34 +222,43 @@ def encode_example(enc, example, block_size):
 
 @torch.no_grad()
 def score_endings(model, rows, device, autocast, length=None, n_rows=None):
-    """(summed, mean) loss of each ending, in one forward. rows: encode_example's pairs, padded with
-    token 0 (mask 0) to the longest, or to length tokens and n_rows rows when given (a compiled model
-    then sees one shape only)."""
-    L = length or max(len(tokens) for tokens, _ in rows)
+    """(summed, normalised) loss of each ending, in one forward: the sum over its tokens, and that
+    over its length. rows: encode_example's, padded with token 0 (mask 0) to the longest, or to
+    length tokens and n_rows rows when given (a compiled model then sees one shape only)."""
+    L = length or max(len(tokens) for tokens, *_ in rows)
     E = n_rows or len(rows)
     tokens = torch.zeros((E, L), dtype=torch.long)
     mask = torch.zeros((E, L))
-    for i, (t, m) in enumerate(rows):
+    for i, (t, m, _) in enumerate(rows):
         tokens[i, :len(t)], mask[i, :len(m)] = torch.tensor(t), torch.tensor(m, dtype=torch.float)
     tokens, mask = tokens.to(device), mask.to(device)
     with autocast:
         logits, _ = model(tokens[:, :-1])  # (E, L - 1, vocab)
     losses = F.cross_entropy(logits.float().flatten(0, 1), tokens[:, 1:].flatten(), reduction='none')
     losses = losses.view(E, L - 1) * mask[:, 1:]  # the ending's tokens only
-    summed = losses.sum(1)[:len(rows)]
-    return summed, summed / mask[:len(rows), 1:].sum(1)
+    summed = losses.sum(1)[:len(rows)].cpu()
+    return summed, summed / torch.tensor([float(length) for *_, length in rows])
+
+
+def predictions(model, encoded, device, autocast, block_size=None, progress=False):
+    """For each example (encode_example's rows), the ending of least summed loss and that of least
+    normalised loss (the first, in a tie). block_size pads every forward to block_size + 1 tokens
+    and the most endings any example has, for a compiled model."""
+    from tqdm import tqdm
+    length = block_size and block_size + 1
+    n_rows = max(map(len, encoded), default=0) if block_size else None
+    picks = []
+    for rows in tqdm(encoded, disable=not progress, unit='example'):
+        summed, norm = score_endings(model, rows, device, autocast, length, n_rows)
+        picks.append((int(summed.argmin()), int(norm.argmin())))
+    return picks
 
 
 def multiple_choice(model, encoded, labels, device, autocast, block_size=None, progress=False):
-    """(examples right by summed loss, right by mean loss per token, examples). block_size pads every
-    forward to block_size + 1 tokens and the most endings any example has, for a compiled model."""
-    from tqdm import tqdm
-    n_rows = max(map(len, encoded), default=0) if block_size else None
-    right = right_norm = 0
-    for rows, label in zip(tqdm(encoded, disable=not progress, unit='example'), labels):
-        summed, mean = score_endings(model, rows, device, autocast, block_size and block_size + 1, n_rows)
-        right += int(summed.argmin()) == label
-        right_norm += int(mean.argmin()) == label
+    """(examples right by summed loss, right by normalised loss, examples)."""
+    picks = predictions(model, encoded, device, autocast, block_size, progress)
+    right = sum(pick == label for (pick, _), label in zip(picks, labels))
+    right_norm = sum(pick == label for (_, pick), label in zip(picks, labels))
     return right, right_norm, len(encoded)
 
 
@@ -214,15 +288,18 @@ class TaskScorer:
     """train.py's multiple-choice scoring (its mc_task): this process's share of the task's first
     n examples, encoded once; score() counts the right answers among them."""
 
-    def __init__(self, task, n, vocab_size, block_size, rank, world_size):
-        examples = read_examples(task_file(task))[:n]
+    def __init__(self, task, n, vocab_size, block_size, rank, world_size, protocol='build-nanogpt'):
+        examples = read_examples(task_file(task), protocol)[:n]
         enc = task_tokenizer(vocab_size)
-        self.encoded = [encode_example(enc, ex, block_size) for ex in examples[rank::world_size]]
-        self.labels = [label for *_, label in examples[rank::world_size]]
+        mine = examples[rank::world_size]
+        self.encoded = [encode_example(enc, ex, block_size, protocol) for ex in mine]
+        self.labels = [label for *_, label in mine]
         self.n, self.name, self.block_size = len(examples), os.path.basename(task), block_size
+        self.protocol = protocol
 
     def score(self, model, device, autocast, compiled):
-        """(right by summed loss, right by mean loss): compiled pads every forward to one shape."""
+        """(right by summed loss, right by normalised loss): compiled pads every forward to one
+        shape."""
         right, right_norm, _ = multiple_choice(model, self.encoded, self.labels, device, autocast,
                                                self.block_size if compiled else None)
         return right, right_norm
@@ -244,7 +321,8 @@ def main():
     config, _, autocast = configure(globals(), {
         'path': ['out_dir', 'cache_dir', 'hellaswag_url'], 'text': ['task', 'train_file', 'data_dir'],
         'positive': ['batch_size'], 'non-negative': ['max_examples', 'shots'], 'seed': ['seed'],
-        'device': ['device'], ('bfloat16', 'float32'): ['dtype']})
+        'device': ['device'], ('bfloat16', 'float32'): ['dtype'],
+        ('build-nanogpt', 'harness'): ['protocol']})
     globals().update(config)
     if not task and not data_dir:
         fail("nothing to evaluate: give --task, --data_dir, or both")
@@ -268,20 +346,23 @@ def main():
             result.update(bpb=bpb, bpb_tokens=n)
     if task:
         enc = task_tokenizer(model.config.vocab_size)
-        examples = read_examples(paths[0])[:max_examples or None]
+        examples = read_examples(paths[0], protocol)[:max_examples or None]
         if shots:
-            solved = read_examples(paths[1])
+            solved = read_examples(paths[1], protocol)
             if len(solved) < shots:
                 fail(f"--shots={shots}, but {paths[1]} holds only {len(solved)} examples")
-            examples = with_shots(examples, solved, shots, seed)
-        encoded = [encode_example(enc, example, block_size) for example in examples]
+            examples = with_shots(examples, solved, shots, seed, protocol)
+        encoded = [encode_example(enc, example, block_size, protocol) for example in examples]
         if compile:
             model = torch.compile(model)
         right, right_norm, n = multiple_choice(model, encoded, [label for *_, label in examples], device,
                                                autocast, block_size if compile else None, progress=True)
         name = 'hellaswag' if task == 'hellaswag' else os.path.basename(task)
-        print(f"{name}: acc {right / n:.4f} | acc_norm {right_norm / n:.4f} | {n:,} examples, {shots}-shot")
-        result.update(task=name, shots=shots, acc=right / n, acc_norm=right_norm / n, examples=n)
+        per = 'character' if protocol == 'harness' else 'token'
+        print(f"{name}, {protocol} protocol, {shots}-shot: acc {right / n:.4f} | acc_norm "
+              f"{right_norm / n:.4f} (per {per}) | {n:,} examples")
+        result.update(task=name, protocol=protocol, shots=shots, acc=right / n,
+                      acc_norm=right_norm / n, examples=n)
     print(json.dumps(result))
 
 

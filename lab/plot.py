@@ -2,13 +2,13 @@
 plot.py: draw what train.py and arith.py record, one figure and one Markdown table per command; and,
 for analyze.py, the figures of what it measures inside checkpoints (every figure is drawn here).
 
-    python plot.py --runs=out/none,out/static,out/dynamic                     # loss curves
-    python plot.py --mode=arith --runs='out/arith/L4_*'                       # accuracy per operator count
-    python plot.py --mode=depth --runs='out/arith/*' --n_ops=6                # accuracy at 6 operators by depth
+    python -m lab.plot --runs=out/none,out/static,out/dynamic                     # loss curves
+    python -m lab.plot --mode=arith --runs='out/arith/L4_*'                       # accuracy per operator count
+    python -m lab.plot --mode=depth --runs='out/arith/*' --n_ops=6                # accuracy at 6 operators by depth
 
 A run is an out_dir of train.py: its log.txt opens with the run's record (its settings, parameter
 count and FLOPs per token), then one JSON record per logged or evaluated step. The arith modes also
-read the arith_eval.json that `arith.py --mode=eval` writes beside the checkpoint. --runs takes
+read the arith_eval.json that `python -m lab.arith --mode=eval` writes beside the checkpoint. --runs takes
 directories or shell patterns, separated by commas.
 
 Runs that differ only in their seed are one setting (same router and depth): the loss curves keep a
@@ -72,7 +72,7 @@ def read_log(run):
 def read_eval(run):
     """run/arith_eval.json: accuracy per operator count, keys turned back into ints."""
     path = os.path.join(run, 'arith_eval.json')
-    result = read_json(path, 'evaluation', f"run `python arith.py --mode=eval --ckpt_dir={run}` first")
+    result = read_json(path, 'evaluation', f"run `python -m lab.arith --mode=eval --ckpt_dir={run}` first")
     # Held-out accuracy is the paper's measure; where every expression is in training (1 operator)
     # there is none, and accuracy over all of them is what there is.
     return {int(k): v if v is not None else result['accuracy_all'][k] for k, v in result['accuracy'].items()}

@@ -25,7 +25,7 @@ from lime import GPT, GPTConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: scripts run from there
 ROUTERS = ['none', 'static', 'dynamic']
-# Runs analyze.py as `python analyze.py ARGS` would, but with `import matplotlib` failing.
+# Runs analyze.py as `python -m lab.analyze ARGS` would, but with `import matplotlib` failing.
 WITHOUT_MATPLOTLIB = ("import runpy, sys; sys.modules['matplotlib'] = None; "
                       "runpy.run_module('lab.analyze', run_name='__main__', alter_sys=True)")
 

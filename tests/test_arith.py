@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: 
 
 def run(script, *args):
     # One thread: the models here are tiny, and on a busy machine a second thread mostly waits for a core.
-    result = subprocess.run([sys.executable, os.path.join(ROOT, script), *args], capture_output=True,
+    result = subprocess.run([sys.executable, '-m', script[:-3].replace('/', '.'), *args], capture_output=True,
                             text=True, cwd=ROOT, timeout=300, env={**os.environ, 'OMP_NUM_THREADS': '1'})
     assert result.returncode == 0, f"{script} failed:\n{result.stdout}\n{result.stderr}"
     return result.stdout

@@ -15,13 +15,13 @@ from lab import plot as plot_py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: scripts run from there
 HAVE_MATPLOTLIB = importlib.util.find_spec('matplotlib') is not None
-# Runs plot.py as `python plot.py ARGS` would, but with `import matplotlib` failing.
+# Runs plot.py as `python -m lab.plot ARGS` would, but with `import matplotlib` failing.
 WITHOUT_MATPLOTLIB = ("import runpy, sys; sys.modules['matplotlib'] = None; "
-                      "sys.argv = ['lab/plot.py'] + sys.argv[1:]; runpy.run_path('lab/plot.py', run_name='__main__')")
+                      "runpy.run_module('lab.plot', run_name='__main__', alter_sys=True)")
 
 
 def plot(*args, matplotlib=True, check=True):
-    command = ['lab/plot.py'] if matplotlib else ['-c', WITHOUT_MATPLOTLIB]
+    command = ['-m', 'lab.plot'] if matplotlib else ['-c', WITHOUT_MATPLOTLIB]
     result = subprocess.run([sys.executable, *command, *args], capture_output=True, text=True, cwd=ROOT,
                             timeout=120)
     if check:

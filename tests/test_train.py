@@ -158,7 +158,7 @@ def test_a_short_last_shard_is_skipped_and_the_run_trains_past_it(data_dir, tmp_
     assert f"note: skipping {data / 'x_train_000003.bin'}: its 50 tokens" in result.stdout
     result = train(data, out, '--max_iters=6', '--eval_interval=2', '--init_from=resume')
     assert read_log(out)[0].keys() == set(range(1, 7))
-    assert torch.load(out / 'ckpt.pt')['data'] == {'shard': 0, 'pos': 256}
+    assert torch.load(out / 'ckpt.pt')['data'] == {'shard': 0, 'pos': 256, 'data_dir': str(data)}
 
 
 def test_a_repeated_command_keeps_the_earlier_run_unless_told_to_overwrite(data_dir, tmp_path):

@@ -1,0 +1,90 @@
+"""
+Tests of the model beyond its definition: the optimizer's groups, the FLOPs count, compiling, and
+checkpoints (save, load, and a clear error for one that does not fit). test_lime.py pins the model.
+
+    python -m pytest -q tests/test_model_training.py
+"""
+import math
+from dataclasses import asdict
+
+import pytest
+import torch
+
+from lime import StaticRouter, load_model, save_checkpoint
+from test_lime import ROUTERS, assert_close, tiny_model
+
+
+def test_optimizer_groups_follow_the_paper():
+    model = tiny_model(router='static')
+    opt = model.configure_optimizers(weight_decay=0.1, learning_rate=1e-3, router_lr=1e-2)
+    group_of = {p: g for g in opt.param_groups for p in g['params']}
+    assert len(group_of) == len(list(model.parameters()))
+    for name, p in model.named_parameters():
+        g = group_of[p]
+        is_router = isinstance(dict(model.named_modules())[name.rsplit('.', 1)[0]], StaticRouter)
+        assert g['lr'] == (1e-2 if is_router else 1e-3), name
+        assert g['weight_decay'] == (0.1 if p.dim() >= 2 and not is_router else 0.0), name
+    dyn = tiny_model(router='dynamic')
+    opt = dyn.configure_optimizers(weight_decay=0.1, learning_rate=1e-3, router_lr=1e-2)
+    group_of = {p: g for g in opt.param_groups for p in g['params']}
+    router = dyn.routers()[0]
+    assert (group_of[router.proj.weight]['lr'], group_of[router.proj.weight]['weight_decay']) == (1e-2, 0.1)
+    assert (group_of[router.proj.bias]['lr'], group_of[router.proj.bias]['weight_decay']) == (1e-2, 0.0)
+
+
+def test_flops_per_token_counts_routing():
+    base, static = tiny_model(router='none'), tiny_model(router='static')
+    L, D, T, hs = 4, 32, 32, 8
+    n = base.num_params()
+    assert base.flops_per_token() == 6 * n + 12 * L * D * T
+    R = sum(r.weight.numel() for r in static.routers())
+    assert static.flops_per_token() - base.flops_per_token() == 6 * 2 * hs * R
+    assert math.isclose(static.estimate_mfu(1e6, peak_flops=1e12), static.flops_per_token() * 1e6 / 1e12)
+
+
+@pytest.mark.parametrize('router', ROUTERS)
+def test_compiles_as_one_graph_and_matches_eager(router):
+    assert_compiles_as_one_graph(tiny_model(router=router, n_kv_head=2,
+                                            router_top_p=0.9 if router != 'none' else 1.0))
+
+
+def assert_compiles_as_one_graph(model):
+    # fullgraph=True fails on any graph break; the aot_eager backend traces forward and backward
+    # like inductor does, without the minutes of C++ compilation a CPU run of inductor costs.
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend='aot_eager')
+    idx = torch.randint(0, 101, (2, 16))
+    logits, loss = compiled(idx, idx)
+    loss.backward()
+    assert_close(logits, model(idx)[0], what='compiled and eager logits')
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_compiled_model_takes_a_second_sequence_length():
+    # After two lengths torch.compile makes T dynamic: nothing may then turn it into a Python bool.
+    torch._dynamo.reset()
+    model = tiny_model(router='static')
+    compiled = torch.compile(model, fullgraph=True, backend='aot_eager')
+    for T in (8, 12):
+        idx = torch.randint(0, 101, (2, T))
+        assert_close(compiled(idx)[0], model(idx)[0], what=f'compiled and eager logits at T={T}')
+
+
+def test_a_checkpoint_loads_back_into_the_same_model(tmp_path):
+    model = tiny_model(router='static', n_kv_head=2)
+    save_checkpoint(tmp_path / 'ckpt.pt', model, step=3, best_val_loss=2.5)
+    loaded, checkpoint = load_model(tmp_path / 'ckpt.pt', 'cpu')
+    assert checkpoint['step'] == 3 and loaded.config == model.config
+    idx = torch.randint(0, 101, (2, 20))
+    assert_close(loaded(idx)[0], model(idx)[0], what='saved and loaded logits')
+    assert not list(tmp_path.glob('*.tmp'))  # written to a temporary file, then renamed
+
+
+def test_a_checkpoint_of_another_shape_fails_with_one_line_naming_the_weight(tmp_path):
+    model = tiny_model(router='dynamic')
+    weights = model.state_dict()
+    del weights['blocks.1.attn_norm.weight']
+    torch.save({'model': weights, 'model_args': asdict(model.config), 'step': 1, 'best_val_loss': 3.0},
+               tmp_path / 'ckpt.pt')
+    with pytest.raises(ValueError, match=r'ckpt.pt: its model does not load .*blocks.1.attn_norm[^\n]*$'):
+        load_model(tmp_path / 'ckpt.pt', 'cpu')
