@@ -47,17 +47,18 @@ class GPTConfig:
         self.n_kv_head = self.n_kv_head or self.n_head
         self.mlp_hidden = self.mlp_hidden or 4 * self.n_embd
         if min(self.block_size, self.vocab_size, self.n_layer, self.n_head, self.n_embd) <= 0:
-            raise ValueError(f"block_size, vocab_size, n_layer, n_head, n_embd must be > 0: {self}")
+            raise ValueError("block_size, vocab_size, n_layer, n_head and n_embd must be > 0")
         if self.router not in ROUTERS:
             raise ValueError(f"router must be one of {ROUTERS}, got {self.router!r}")
-        if self.n_embd % self.n_head or (self.n_embd // self.n_head) % 2:
+        if self.n_embd % (2 * self.n_head):
             raise ValueError(f"n_embd ({self.n_embd}) must split into n_head ({self.n_head}) "
                              "heads of even size (RoPE rotates pairs of channels)")
         if self.n_head % self.n_kv_head:
             raise ValueError(f"n_head ({self.n_head}) must be a multiple of n_kv_head "
                              f"({self.n_kv_head})")
         if not 0.0 < self.router_top_p <= 1.0 or self.hyper_connections < 0:
-            raise ValueError(f"router_top_p must be in (0, 1] and hyper_connections >= 0: {self}")
+            raise ValueError(f"router_top_p ({self.router_top_p}) must be in (0, 1], "
+                             f"hyper_connections ({self.hyper_connections}) >= 0")
 
 
 # -----------------------------------------------------------------------------
@@ -209,19 +210,8 @@ def use_fused_kernels(fused, device):
 
 
 # -----------------------------------------------------------------------------
-# The LLaMA parts: norm, rotary embedding, MLP, (optional) hyper-connections, the block, KV cache
-
-
-class RMSNorm(nn.Module):
-    """Scale each vector to unit root-mean-square, then by a learned gain (LLaMA's norm)."""
-
-    def __init__(self, dim, eps=1e-5):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x):
-        return F.rms_norm(x, (x.size(-1),), self.weight, self.eps)
+# The LLaMA parts: rotary embedding, MLP, (optional) hyper-connections, the block, the KV cache.
+# LLaMA's norm is torch's nn.RMSNorm: each vector scaled to unit root-mean-square, then by a gain.
 
 
 class Rotary(nn.Module):
@@ -305,9 +295,9 @@ class Block(nn.Module):
 
     def __init__(self, config, layer_idx):
         super().__init__()
-        self.attn_norm = RMSNorm(config.n_embd)
+        self.attn_norm = nn.RMSNorm(config.n_embd, eps=1e-5)
         self.attn = CausalSelfAttention(config, layer_idx)
-        self.mlp_norm = RMSNorm(config.n_embd)
+        self.mlp_norm = nn.RMSNorm(config.n_embd, eps=1e-5)
         self.mlp = MLP(config)
         # With hyper-connections x is n streams (B, T, n, D), and these replace the residual adds.
         hc = config.hyper_connections
@@ -353,7 +343,7 @@ class GPT(nn.Module):
         padded_vocab = 64 * math.ceil(config.vocab_size / 64)  # matmul shapes GPUs like
         self.embed = nn.Embedding(padded_vocab, config.n_embd)
         self.blocks = nn.ModuleList(Block(config, l) for l in range(config.n_layer))
-        self.final_norm = RMSNorm(config.n_embd)
+        self.final_norm = nn.RMSNorm(config.n_embd, eps=1e-5)
         self.lm_head = nn.Linear(config.n_embd, padded_vocab, bias=False)
         self.lm_head.weight = self.embed.weight  # tied input/output embeddings
         self.rotary = Rotary(config.n_embd // config.n_head, config.block_size, config.rope_base)
@@ -377,7 +367,7 @@ class GPT(nn.Module):
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            elif isinstance(module, RMSNorm):
+            elif isinstance(module, nn.RMSNorm):
                 nn.init.ones_(module.weight)
         for block in self.blocks:
             for proj in (block.attn.o_proj, block.mlp.down_proj):

@@ -2,7 +2,7 @@
 sample.py: generate text from a checkpoint written by train.py, with the model's KV cache.
 
     python sample.py --out_dir=out/cpu_demo
-    python sample.py --out_dir=out/cpu_demo --start="The for statement" --num_samples=1 --temperature=0
+    python sample.py --out_dir=out/cpu_demo --start="The for statement" --temperature=0
     python sample.py --out_dir=out/cpu_demo --start=FILE:prompt.txt --max_new_tokens=500
 """
 import os
@@ -15,10 +15,10 @@ from prepare import gpt2_encoding
 
 # -----------------------------------------------------------------------------
 out_dir = 'out'  # the directory holding ckpt.pt
-start = '<|endoftext|>'  # the prompt: text, or FILE:path to read it from; the default starts a document
+start = '<|endoftext|>'  # the prompt: text, or FILE:path to read it; the default starts a document
 num_samples = 3
 max_new_tokens = 200
-temperature = 0.8  # < 1 sharpens the distribution, > 1 flattens it; 0 always takes the likeliest token
+temperature = 0.8  # < 1 sharpens the distribution, > 1 flattens it; 0 takes the likeliest token
 top_k = 200  # sample only among the top_k likeliest tokens; 0 means all of them
 seed = 1337
 device = 'cuda' if torch.cuda.is_available() else 'cpu'

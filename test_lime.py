@@ -135,7 +135,8 @@ def test_gradients_reach_routers_and_every_earlier_layers_kv(router):
 @pytest.mark.parametrize('n_kv_head', [4, 2])
 def test_parameter_overhead_matches_formula(router, n_kv_head):
     cfg = dict(n_layer=5, n_kv_head=n_kv_head)
-    extra = tiny_model(router=router, **cfg).num_params() - tiny_model(router='none', **cfg).num_params()
+    base = tiny_model(router='none', **cfg).num_params()
+    extra = tiny_model(router=router, **cfg).num_params() - base
     L, G, D = 5, n_kv_head, 32
     sources = sum(l + 1 for l in range(1, L))  # layer l >= 1 reads layers 0..l
     expected = G * G * sources if router == 'static' else (D + 1) * G * sources  # R; or Wr and bias
@@ -147,7 +148,7 @@ def test_static_router_init_matches_paper():
     for l, router in enumerate(model.routers(), start=1):
         R = router.weight.detach()
         assert R.shape == (4, 4 * (l + 1))
-        assert torch.equal(R[:, -4:], torch.eye(4)), f"layer {l}: own-layer block is not the identity"
+        assert torch.equal(R[:, -4:], torch.eye(4)), f"layer {l}: own block is not the identity"
         others = R[:, :-4]
         bound = math.sqrt(3 / (4 * (l + 1)))
         assert others.abs().max() <= bound, f"layer {l}: entry outside U(-{bound:.3f}, {bound:.3f})"

@@ -122,7 +122,8 @@ def log(*args):
 # is today's: where the run lives, the device, dtype, compile and fused.
 
 model_keys = [f.name for f in fields(GPTConfig)]
-own_keys = {'out_dir', 'init_from', 'overwrite', 'device', 'dtype', 'compile', 'fused', 'peak_flops'}
+own_keys = {'out_dir', 'init_from', 'overwrite', 'device', 'dtype', 'compile', 'fused',
+            'peak_flops'}
 ckpt_path = os.path.join(out_dir, 'ckpt.pt')
 checkpoint = None
 if init_from == 'resume':
@@ -160,8 +161,10 @@ torch.manual_seed(seed)
 
 if not os.path.isdir(data_dir):  # checked before a model is built, which can take a while
     fail(f"data_dir not found: {data_dir} (prepare.py writes shards: `python prepare.py --source "
-         "fineweb` for data/fineweb_edu; to start small, `python prepare.py` for config/cpu_demo.py)")
-train_batches = or_fail(Batches, data_dir, batch_size, block_size, rank, world_size, vocab_size, log)
+         "fineweb` for data/fineweb_edu; to start small, `python prepare.py` for "
+         "config/cpu_demo.py)")
+train_batches = or_fail(Batches, data_dir, batch_size, block_size, rank, world_size, vocab_size,
+                        log)
 val_tokens = or_fail(read_shard, or_fail(shard_paths, data_dir, 'val')[0], vocab_size)
 val_batches = min(eval_iters, (len(val_tokens) - 1) // (batch_size * block_size))
 if val_batches == 0:
@@ -250,7 +253,7 @@ if checkpoint is not None:
     else:
         log(f"note: {data_dir} is read from its start")
     torch.set_rng_state(checkpoint['rng']['cpu'])
-    if device_type == 'cuda' and isinstance(checkpoint['rng']['cuda'], torch.Tensor):
+    if device_type == 'cuda' and checkpoint['rng']['cuda'] is not None:
         torch.cuda.set_rng_state(checkpoint['rng']['cuda'])
     log(f"resumed from {ckpt_path} at step {step}")
     checkpoint = None  # free the memory
@@ -264,8 +267,8 @@ if compile:
     model = torch.compile(model)
 eval_model = model  # evaluation needs no gradient averaging
 if ddp:  # the model's only buffers are constants (RoPE tables): DDP need not broadcast them
-    model = DDP(model, device_ids=[int(os.environ['LOCAL_RANK'])] if device_type == 'cuda' else None,
-                broadcast_buffers=False)
+    local = [int(os.environ['LOCAL_RANK'])] if device_type == 'cuda' else None
+    model = DDP(model, device_ids=local, broadcast_buffers=False)
 
 # -----------------------------------------------------------------------------
 # helpers for the loop
@@ -325,7 +328,8 @@ def score_task():
 
 def save():
     """Everything a resumed run needs, in one checkpoint (written atomically by lime.py)."""
-    rng = {'cpu': torch.get_rng_state(), 'cuda': device_type == 'cuda' and torch.cuda.get_rng_state()}
+    cuda_rng = torch.cuda.get_rng_state() if device_type == 'cuda' else None
+    rng = {'cpu': torch.get_rng_state(), 'cuda': cuda_rng}
     try:
         save_checkpoint(ckpt_path, raw_model, optimizer=optimizer.state_dict(), step=step, rng=rng,
                         best_val_loss=best_val_loss, config=config, data=train_batches.state())
@@ -406,8 +410,8 @@ while True:
         stop_if_not_finite(grad_norm.item(), 'the gradient norm')  # the weights are poisoned too
         dt = (time.time() - window_start) / window_steps
         tokens_per_sec = tokens_per_step / dt
-        line = (f"step {step}/{max_iters} | loss {train_loss:.4f} | lr {base_lrs[0] * factor:.2e} | "
-                f"norm {grad_norm.item():.3f} | {dt * 1000:.1f} ms | {tokens_per_sec:,.0f} tok/s")
+        line = (f"step {step}/{max_iters} | loss {train_loss:.4f} | lr {base_lrs[0] * factor:.2e} "
+                f"| norm {grad_norm.item():.3f} | {dt * 1000:.1f} ms | {tokens_per_sec:,.0f} tok/s")
         if device_type == 'cuda':
             line += f" | mfu {raw_model.estimate_mfu(tokens_per_sec / world_size, peak_flops):.1%}"
         eta = dt * (max_iters - step) / 60  # minutes
