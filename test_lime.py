@@ -1,7 +1,7 @@
 """
 Tests for lime.py: the model's specification. Each test pins one property that could break;
-closeness checks print the largest difference when they fail. (tests/test_model_training.py
-covers the optimizer groups, FLOPs, compiling and checkpoints.)
+closeness checks print the largest difference when they fail. (tests/test_model_more.py
+covers top-p, config errors, the optimizer groups, FLOPs, compiling and checkpoints.)
 
     python -m pytest -q
 """
@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from lime import GPT, GPTConfig, top_p_mask
+from lime import GPT, GPTConfig
 
 ROUTERS = ['none', 'static', 'dynamic']
 
@@ -103,16 +103,6 @@ def test_cached_greedy_generation_equals_full_recompute(router, n_kv_head):
     assert torch.equal(model.generate(prompt, steps, top_k=1), expected)
 
 
-def test_generation_goes_past_block_size_and_never_samples_padding():
-    model = tiny_model(router='static')
-    assert model.embed.weight.size(0) == 128  # 101 padded to a multiple of 64
-    with torch.no_grad():
-        model.embed.weight[101:] = 10.0  # padded rows that would win every sample if not cut off
-    out = model.generate(torch.zeros(2, 3, dtype=torch.long), 3 * model.config.block_size)
-    assert out.shape == (2, 3 + 3 * model.config.block_size)
-    assert out.max().item() < 101
-
-
 @pytest.mark.parametrize('router', ['static', 'dynamic'])
 def test_gradients_reach_routers_and_every_earlier_layers_kv(router):
     model = tiny_model(router=router, n_kv_head=2)
@@ -161,59 +151,3 @@ def test_dynamic_router_starts_close_to_baseline():
     for l, router in enumerate(model.routers(), start=1):
         own = router.mix_weights(h)[..., -1]  # (B, T, G): the share of the layer's own keys/values
         assert_close(own, torch.full_like(own, 0.9), what=f'layer {l} own-layer weight')
-
-
-def test_top_p_mask_keeps_the_smallest_set_reaching_p():
-    torch.manual_seed(0)
-    weights = torch.rand(50, 9) ** 3  # skewed, so the kept sets vary in size
-    assert torch.equal(top_p_mask(weights, 1.0), torch.ones_like(weights))
-    for p in (0.3, 0.6, 0.9):
-        mask = top_p_mask(weights, p)
-        share = weights / weights.sum(-1, keepdim=True)
-        kept = (share * mask).sum(-1)
-        assert torch.all(kept >= p - 1e-6), f"p={p}: kept mass {kept.min():.3f} < p"
-        # Minimal: dropping the smallest kept entry falls below p.
-        smallest_kept = torch.where(mask > 0, share, torch.inf).min(-1).values
-        assert torch.all(kept - smallest_kept < p), f"p={p}: kept set is not the smallest"
-        assert torch.all(mask.sum(-1) >= 1)
-
-
-def test_dynamic_top_p_renormalises_and_zeroes_the_rest():
-    model = tiny_model(router='dynamic', n_layer=6, router_top_p=0.7)
-    with torch.no_grad():
-        for router in model.routers():
-            router.proj.weight.normal_(0, 0.3)  # varied probabilities, token by token
-    router = model.routers()[-1]
-    h = torch.randn(2, 10, 32)
-    probs = router.mix_weights(h)
-    unpruned = router.proj(h).view(2, 10, router.n_kv_head, -1).softmax(-1)
-    kept = probs > 0
-    assert_close(probs.sum(-1), torch.ones(2, 10, 4), what='pruned probability sums')
-    assert torch.all((unpruned * kept).sum(-1) >= 0.7 - 1e-6)
-    assert kept.sum() < kept.numel(), "nothing was pruned at p = 0.7"
-    # Kept probabilities keep their ratios: they are the originals scaled by one factor per head.
-    ratio = torch.where(kept, probs / unpruned, torch.nan)
-    assert_close(ratio.nanmean(-1, keepdim=True).expand_as(ratio)[kept], ratio[kept], 1e-4,
-                 what='scale factors within a head')
-
-
-def test_static_top_p_zeroes_weights_and_gradients_outside_the_kept_set():
-    model = tiny_model(router='static', n_layer=6, router_top_p=0.5)
-    router = model.routers()[-1]
-    R, used = router.weight, router.mix_weights()
-    kept = used != 0
-    assert kept.sum() < kept.numel(), "nothing was pruned at p = 0.5"
-    assert torch.equal(used[kept], R[kept]), "static weights must be zeroed, not rescaled"
-    assert torch.all((R.abs() * kept).sum(-1) >= 0.5 * R.abs().sum(-1))
-    idx = torch.randint(0, 101, (2, 16))
-    model(idx, idx)[1].backward()
-    assert torch.all(R.grad[~kept] == 0) and R.grad[kept].abs().min() > 0
-
-
-def test_bad_config_raises_a_clear_error():
-    with pytest.raises(ValueError, match='router must be one of'):
-        GPTConfig(router='statc')
-    with pytest.raises(ValueError, match='multiple of n_kv_head'):
-        GPTConfig(n_head=12, n_kv_head=5)
-    with pytest.raises(ValueError, match='router_top_p'):
-        GPTConfig(router_top_p=0.0)

@@ -10,7 +10,7 @@ import torch
 from lab import analyze
 from lime import GPTConfig, HyperConnection
 from test_lime import assert_close, greedy_by_full_recompute, tiny_model
-from test_model_training import assert_compiles_as_one_graph
+from test_model_more import assert_compiles_as_one_graph
 from test_train import data_dir, read_log, run, train  # noqa: F401  data_dir is a fixture
 
 VARIANTS = [dict(hc_dynamic=True), dict(hc_dynamic=False)]  # dynamic (the default) and static HC
