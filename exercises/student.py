@@ -1,0 +1,80 @@
+"""
+Exercises on LIMe: five functions to write, from easy to hard. Read docs/walkthrough.md first:
+it walks through lime.py in the order these exercises follow. Replace each
+`raise NotImplementedError` with your answer; the docstring says what the function must do. Use
+torch and lime.py's parts the docstring names, but not the function the exercise rebuilds.
+Check your answers from the repo root (each failure says what is wrong), all five or one:
+
+    LIME_EXERCISES=exercises/student.py python -m pytest -q tests/test_exercises.py
+    LIME_EXERCISES=exercises/student.py python -m pytest -q tests/test_exercises.py -k static_mix
+
+The repo's answers are in exercises/answers.py: look once yours pass, or when stuck.
+"""
+import torch  # noqa: F401  for your answers
+import torch.nn.functional as F  # noqa: F401
+
+
+def static_mix(R, memory):
+    """Exercise 1 (easy): LIMe's static mix, what StaticRouter.forward computes (without top-p).
+
+    R: (G, S * G), the router's weights. memory: a list of S tensors (B, T, 2, G, hs), the raw
+    keys (index 0 of dim 2) and values (index 1) of layers 0..l, so S = l + 1. Column m * G + h
+    of R stands for head h of layer m, and output head g is, for keys and values alike,
+        out[..., g, :] = sum over m and h of R[g, m * G + h] * memory[m][..., h, :]
+    Returns the mix, (B, T, 2, G, hs). Gradients must flow back to R and to the memory."""
+    raise NotImplementedError
+
+
+def dynamic_probs(proj, h, n_kv_head):
+    """Exercise 2 (easy): the dynamic router's distribution over source layers, what
+    DynamicRouter.mix_weights computes (without top-p).
+
+    proj: the router's nn.Linear(D -> G * S). h: (B, T, D), the layer's normed input.
+    n_kv_head: G. Output g * S + m of proj is head g's logit for source layer m.
+    Returns probabilities (B, T, G, S): for each token and head, a softmax over the S source
+    layers. Gradients must flow back to proj."""
+    raise NotImplementedError
+
+
+def router_cost(config, layer_idx):
+    """Exercise 3 (medium): the parameters and training FLOPs per token of the router of layer
+    layer_idx, in a model of config (a GPTConfig: router 'none', 'static' or 'dynamic',
+    router_top_p 1, no hyper-connections).
+
+    Count as GPT.num_params and GPT.flops_per_token do. Parameters: every number the router
+    holds. FLOPs per token, forward and backward together: 6 per multiply-add the router does
+    per token (2 FLOPs for a multiply-add, and the backward pass costs twice the forward). A
+    matmul does one multiply-add per parameter per token (count the dynamic router's bias as
+    one too); the mix does one for each of its weights and each number that weight scales. The
+    softmax is not counted. Layer 0 has no router, nor has any layer with router='none': (0, 0).
+    Returns (parameters, flops_per_token), two ints."""
+    raise NotImplementedError
+
+
+def top_p_mask(weights, p):
+    """Exercise 4 (medium): LIMe's top-p pruning mask (paper v1), as lime.top_p_mask makes it.
+
+    weights: (..., S), non-negative, not necessarily summing to 1; p in (0, 1]. For each row
+    (the last dim) the mask is 1.0 on the smallest set of entries whose share of the row's total
+    reaches at least p, and 0.0 elsewhere: keep the largest entries, largest first, until the
+    kept share reaches p. p = 1 keeps every entry. Returns a tensor of weights' shape and dtype
+    and leaves weights unchanged."""
+    raise NotImplementedError
+
+
+def cached_attention(attn, h, rotary, memory, past):
+    """Exercise 5 (hard): one new token through an attention layer during generation, with a
+    cache of the past tokens: what CausalSelfAttention.forward does with a KVCache, for T = 1.
+
+    attn: a lime.CausalSelfAttention; use its q_proj, kv_proj, o_proj, router (None in a plain
+    model and at layer 0), n_head, n_kv_head and head_size. h: (B, 1, D), the new token's normed
+    input at this layer. rotary: the model's lime.Rotary; rotary(x, pos) applies RoPE to
+    x (B, T, heads, hs) whose first token is at position pos. memory: None without routers,
+    else the list of the new token's raw keys/values (B, 1, 2, G, hs) of the earlier layers,
+    which this layer extends with its own (later layers read them). past: None at the first
+    token, else the cache this function returned for this layer at the previous token.
+    Returns (y, (k, v)): y (B, 1, D), the layer's output for the new token, and the cache for
+    the next token: k and v, (B, G, P + 1, hs) each, where P tokens were in past. The new token
+    attends to every token so far, itself included; for each of them the cache must hold what
+    a full forward pass over the whole sequence attends over at this layer."""
+    raise NotImplementedError

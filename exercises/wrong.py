@@ -1,0 +1,68 @@
+"""
+One typical wrong answer per exercise, each a near miss of exercises/answers.py. They are not
+for students: tests/test_exercises.py runs its checks on them to prove that each check can
+fail, and fails with a message that says what is wrong.
+
+    python -m pytest -q tests/test_exercises.py -k wrong
+"""
+import torch
+import torch.nn.functional as F
+
+
+def static_mix(R, memory):
+    """Stacks the sources head-major, (head, layer), where R's columns go layer by layer: right
+    with one head or one layer, wrong with both."""
+    kv = torch.stack(memory, dim=4).flatten(3, 4)  # (B, T, 2, G * S, hs): h * S + m, not m * G + h
+    return R @ kv
+
+
+def dynamic_probs(proj, h, n_kv_head):
+    """The softmax runs over the heads instead of the source layers."""
+    B, T, _ = h.shape
+    return proj(h).view(B, T, n_kv_head, -1).softmax(dim=2)
+
+
+def router_cost(config, layer_idx):
+    """Counts the mix's multiply-adds on the keys only, forgetting that the same weights also
+    mix the values."""
+    G, S = config.n_kv_head, layer_idx + 1
+    hs = config.n_embd // config.n_head
+    if config.router == 'none' or layer_idx == 0:
+        return 0, 0
+    if config.router == 'static':
+        return G * S * G, 6 * hs * G * S * G
+    params = (config.n_embd + 1) * G * S
+    return params, 6 * params + 6 * hs * G * S
+
+
+def top_p_mask(weights, p):
+    """Stops before the entry that takes the kept share to p: keeps those whose running total
+    stays within p, so the kept share falls short of p."""
+    if p >= 1.0:
+        return torch.ones_like(weights)
+    share = weights / weights.sum(-1, keepdim=True)
+    sorted_share, order = share.sort(dim=-1, descending=True)
+    keep = (sorted_share.cumsum(-1) <= p).to(weights.dtype)
+    return torch.zeros_like(keep).scatter(-1, order, keep)
+
+
+def cached_attention(attn, h, rotary, memory, past):
+    """Caches the layer's own keys and values, as a plain transformer does, and routes only the
+    new token's: right for the first token, wrong for every later one in a LIMe model."""
+    B, T, _ = h.shape
+    pos = 0 if past is None else past[0].size(2)
+    q = attn.q_proj(h).view(B, T, attn.n_head, attn.head_size)
+    kv = attn.kv_proj(h).view(B, T, 2, attn.n_kv_head, attn.head_size)
+    if memory is not None:
+        memory.append(kv)
+    routed = attn.router(h, memory) if attn.router is not None else kv
+    own_k, own_v = kv.unbind(dim=2)
+    k, v = routed.unbind(dim=2)
+    q, k, own_k = rotary(q, pos), rotary(k, pos), rotary(own_k, pos)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    own_k, own_v = own_k.transpose(1, 2), own_v.transpose(1, 2)
+    if past is not None:
+        k, v = torch.cat((past[0], k), dim=2), torch.cat((past[1], v), dim=2)
+        own_k, own_v = torch.cat((past[0], own_k), dim=2), torch.cat((past[1], own_v), dim=2)
+    y = F.scaled_dot_product_attention(q, k, v, enable_gqa=attn.n_kv_head != attn.n_head)
+    return attn.o_proj(y.transpose(1, 2).reshape(B, T, -1)), (own_k, own_v)

@@ -1,0 +1,356 @@
+"""
+Checks for the exercises in exercises/: each compares an answer with lime.py's own code and says
+what is wrong when they differ. By default they check the repo's answers (exercises/answers.py);
+LIME_EXERCISES points them at another file, a student's:
+
+    python -m pytest -q tests/test_exercises.py
+    LIME_EXERCISES=exercises/student.py python -m pytest -q tests/test_exercises.py
+
+The same checks also run on exercises/wrong.py, one typical wrong answer per exercise, and must
+reject each with the message that names its mistake: a check that cannot fail proves nothing.
+"""
+import dataclasses
+import functools
+import importlib.util
+import inspect
+import os
+import re
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+import lime
+from lime import GPT, CausalSelfAttention, DynamicRouter, GPTConfig, StaticRouter
+
+ROOT = Path(__file__).resolve().parents[1]
+EXERCISES = ['static_mix', 'dynamic_probs', 'router_cost', 'top_p_mask', 'cached_attention']
+
+
+class Wrong(AssertionError):
+    """An answer failed a check; the message says what is wrong."""
+
+
+def load(path):
+    """The Python file at path (relative to the working directory or to the repo root)."""
+    path = Path(path)
+    if not path.exists():
+        path = ROOT / path
+    if not path.is_file():
+        raise FileNotFoundError(f"no exercises file at {path} (LIME_EXERCISES names it)")
+    spec = importlib.util.spec_from_file_location(f'exercises_{path.stem}', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def max_diff(a, b):
+    return (a.detach().float() - b.detach().float()).abs().max().item()
+
+
+def check_shape(what, got, shape, meaning):
+    if not isinstance(got, torch.Tensor):
+        raise Wrong(f"{what} is a {type(got).__name__}, not a tensor")
+    if tuple(got.shape) != tuple(shape):
+        raise Wrong(f"{what} has shape {tuple(got.shape)}; expected {tuple(shape)}, {meaning}")
+
+
+def check_gradients(what, got, expected, inputs, names):
+    """got and expected, weighted by the same random numbers, must give the same gradients."""
+    if not got.requires_grad:
+        raise Wrong(f"{what}: no gradient flows back from your result (was something detached, "
+                    "or computed under torch.no_grad?)")
+    weights = torch.randn_like(expected)
+    got_grads = torch.autograd.grad(got, inputs, weights, allow_unused=True)
+    expected_grads = torch.autograd.grad(expected, inputs, weights)
+    for name, g, e in zip(names, got_grads, expected_grads):
+        if g is None or max_diff(g, e) > 1e-4:
+            reached = 'none reaches it' if g is None else f'it is off by up to {max_diff(g, e):.3g}'
+            raise Wrong(f"{what}: the gradient with respect to {name} is wrong ({reached})")
+
+
+# -----------------------------------------------------------------------------
+# One check per exercise: it calls the answer, and raises Wrong with what is wrong
+
+
+def check_static_mix(static_mix):
+    # One layer, then one head, then both: R's column order only matters with several of each.
+    B, T, hs = 2, 5, 4
+    right = []
+    for G, S in ((2, 1), (1, 3), (2, 3)):
+        case = f"G={G}, S={S}"
+        router = StaticRouter(GPTConfig(n_head=G, n_embd=8 * G), layer_idx=S - 1)
+        with torch.no_grad():
+            router.weight.normal_()  # signed, with no identity block: every entry matters
+        R = router.weight
+        memory = [torch.randn(B, T, 2, G, hs, requires_grad=True) for _ in range(S)]
+        expected = router(None, memory)
+        got = static_mix(R, memory)
+        what = f"static_mix(R, memory) with G={G} key/value heads and S={S} source layers"
+        check_shape(what, got, (B, T, 2, G, hs), "(B, T, 2, G, hs)")
+        keys, values = (max_diff(got[:, :, i], expected[:, :, i]) for i in (0, 1))
+        if max(keys, values) > 1e-5:
+            wrong = 'keys and values' if min(keys, values) > 1e-5 else (
+                'keys' if keys > 1e-5 else 'values')
+            if right and G > 1 and S > 1:
+                hint = (f"It is right with {' and with '.join(right)}, so look at the order: "
+                        "R's columns go layer by layer, R[g, m * G + h] weighs head h of layer m")
+            else:
+                hint = "Compare with the formula in the docstring"
+            raise Wrong(f"{what}: your {wrong} differ from StaticRouter.forward's by up to "
+                        f"{max(keys, values):.3g}. {hint}")
+        check_gradients(what, got, expected, [R, *memory],
+                        ['R'] + [f'memory[{m}]' for m in range(S)])
+        right.append(case)
+
+
+def check_dynamic_probs(dynamic_probs):
+    B, T, D = 2, 6, 16
+    for G, S in ((1, 4), (2, 3), (4, 2)):
+        router = DynamicRouter(GPTConfig(n_head=G, n_embd=D), layer_idx=S - 1)
+        with torch.no_grad():  # varied logits, token by token, unlike the init's
+            router.proj.weight.normal_(0, 0.5)
+            router.proj.bias.normal_()
+        h = torch.randn(B, T, D, requires_grad=True)
+        expected = router.mix_weights(h)
+        got = dynamic_probs(router.proj, h, G)
+        what = f"dynamic_probs(proj, h, {G}) with G={G} heads and S={S} source layers"
+        check_shape(what, got, (B, T, G, S), "(B, T, G, S)")
+        if got.min() < 0:
+            raise Wrong(f"{what}: some probabilities are negative ({got.min():.3g})")
+        sums = got.sum(-1)
+        if max_diff(sums, torch.ones_like(sums)) > 1e-5:
+            raise Wrong(f"{what}: for each token and head the probabilities must sum to 1 over the "
+                        f"S source layers (the last dim); yours sum to {sums.min():.3g} up to "
+                        f"{sums.max():.3g}. Does the softmax run over the right dim?")
+        if max_diff(got, expected) > 1e-5:
+            raise Wrong(f"{what}: each head's probabilities sum to 1, but differ from "
+                        f"DynamicRouter.mix_weights's by up to {max_diff(got, expected):.3g}: "
+                        "proj's output g * S + m is head g's logit for source layer m")
+        check_gradients(what, got, expected, [router.proj.weight, router.proj.bias, h],
+                        ['proj.weight', 'proj.bias', 'h'])
+
+
+def lime_routing_cost(config):
+    """What LIMe's routers add to GPT.num_params and GPT.flops_per_token, summed over layers."""
+    lime_model, base = GPT(config), GPT(dataclasses.replace(config, router='none'))
+    return (lime_model.num_params() - base.num_params(),
+            lime_model.flops_per_token() - base.flops_per_token())
+
+
+def lime_router_cost(config, layer_idx):
+    """lime.py's count for one router: the model up to layer_idx less the model up to the one
+    before it, each less its baseline."""
+    router = CausalSelfAttention(config, layer_idx).router
+    upto = lime_routing_cost(dataclasses.replace(config, n_layer=layer_idx + 1))
+    before = (0, 0)
+    if layer_idx:
+        before = lime_routing_cost(dataclasses.replace(config, n_layer=layer_idx))
+    params = sum(p.numel() for p in router.parameters()) if router is not None else 0
+    assert params == upto[0] - before[0]  # the checker's own consistency, not the answer's
+    return params, upto[1] - before[1]
+
+
+def check_router_cost(router_cost):
+    shape = dict(vocab_size=64, n_layer=6, n_head=4, n_embd=32)
+    for router in ('static', 'dynamic', 'none'):
+        for n_kv_head in (4, 2):
+            config = GPTConfig(router=router, n_kv_head=n_kv_head, **shape)
+            for layer_idx in (0, 1, 5):
+                what = (f"router_cost(config, {layer_idx}) with router={router!r}, n_embd=32, "
+                        f"n_head=4, n_kv_head={n_kv_head}")
+                got = router_cost(config, layer_idx)
+                if not (isinstance(got, tuple) and len(got) == 2):
+                    raise Wrong(f"{what} returned {got!r}, not a pair (parameters, flops)")
+                params, flops = lime_router_cost(config, layer_idx)
+                if got[0] != params:
+                    raise Wrong(f"{what}: {got[0]} parameters, but the router holds {params}")
+                if got[1] != flops:
+                    matmul = 6 * params if router == 'dynamic' else 0  # the projection's share
+                    hint = (". Your mix's part is half of it: does the mix cover the values as "
+                            "well as the keys?" if 2 * (got[1] - matmul) == flops - matmul else '')
+                    raise Wrong(f"{what}: {got[1]} FLOPs per token, but GPT.flops_per_token adds "
+                                f"{flops} for this router{hint}")
+
+
+def check_top_p_mask(top_p_mask):
+    torch.manual_seed(0)
+    weights = 5 * torch.rand(6, 3, 7) ** 3 + 1e-3  # skewed, distinct; rows do not sum to 1
+    share = weights / weights.sum(-1, keepdim=True)
+    for p in (0.3, 0.6, 0.9, 1.0):
+        what = f"top_p_mask(weights, {p}) on weights of shape (6, 3, 7)"
+        original = weights.clone()
+        got = top_p_mask(weights, p)
+        if not torch.equal(weights, original):
+            raise Wrong(f"{what} changed its input weights: work on a copy")
+        check_shape(what, got, weights.shape, "the shape of weights")
+        if not torch.all((got == 0) | (got == 1)):
+            raise Wrong(f"{what} holds values other than 0.0 and 1.0")
+        got = got.to(weights.dtype)
+        kept = (share * got).sum(-1)
+        if torch.any(kept < p - 1e-6):
+            raise Wrong(f"{what}: in some rows the kept entries hold only {kept.min():.3f} of the "
+                        f"row's total, less than p. Shares are of the row's total (the weights "
+                        "need not sum to 1), and the entry that takes the kept share to p or past "
+                        "it is kept too")
+        expected = lime.top_p_mask(weights, p)
+        n_got, n_expected = got.sum(-1), expected.sum(-1)
+        if not torch.equal(n_got, n_expected):
+            row = (n_got != n_expected).nonzero()[0].tolist()
+            raise Wrong(f"{what}: row {row} keeps {n_got[tuple(row)]:.0f} entries, but the "
+                        f"fewest that hold p are {n_expected[tuple(row)]:.0f}: keep the largest "
+                        "entries first, and stop once they reach p")
+        if not torch.equal(got, expected):
+            raise Wrong(f"{what}: it keeps as many entries as it should, but not the largest ones")
+
+
+# Weights larger than the init's (std 0.02) make attention and routing peaked: a wrong cache or
+# position then moves the logits by more than 0.1, while rounding stays near 1e-5.
+WEIGHT_STD = 0.3
+
+
+def check_cached_attention(cached_attention):
+    # The plain model first: if it fails there, the attention itself is wrong, not the routing.
+    right = []
+    for router, n_kv_head in (('none', 2), ('static', 2), ('dynamic', 4)):
+        torch.manual_seed(0)
+        config = GPTConfig(block_size=16, vocab_size=61, n_layer=3, n_head=4, n_kv_head=n_kv_head,
+                           n_embd=32, router=router)
+        model = GPT(config).eval()
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() == 2:  # every matrix: embeddings, projections, static routers
+                    p.normal_(0, WEIGHT_STD)
+            idx = torch.randint(0, 61, (2, 8))
+            expected = model(idx)[0]  # a full forward pass, with lime.py's attention
+            got = decode_with(cached_attention, model, idx, router)
+        what = f"with router={router!r} (n_head=4, n_kv_head={n_kv_head})"
+        for t in range(idx.size(1)):
+            diff = max_diff(got[:, t], expected[:, t])
+            if diff <= 1e-3:
+                continue
+            if t == 0:
+                where = ("the attention itself is wrong" if router == 'none' else
+                         f"router={right[0]!r} is right, so look at the routing")
+                raise Wrong(f"{what}, the first token's logits differ from a full forward pass "
+                            f"by {diff:.3g}: {where}")
+            raise Wrong(f"{what}, the first token's logits match a full forward pass, but token "
+                        f"{t}'s differ by {diff:.3g}. The new token's own keys and values are "
+                        "right, so look at what the cache keeps for past tokens, their positions, "
+                        "and whether the new token sees every one of them")
+        right.append(router)
+
+
+def decode_with(cached_attention, model, idx, router):
+    """The model's logits for idx (B, T), fed one token at a time, each attention layer replaced
+    by cached_attention with a cache of its own; checks what it returns on the way."""
+    B, T = idx.shape
+    cfg = model.config
+    hs = cfg.n_embd // cfg.n_head
+    caches = [None] * cfg.n_layer
+
+    def attention(layer, h, rotary, memory=None, cache=None):  # CausalSelfAttention.forward's
+        pos = 0 if caches[layer] is None else caches[layer][0].size(2)
+        where = f"cached_attention with router={router!r}, at layer {layer} and token {pos}"
+        try:
+            y, caches[layer] = cached_attention(model.blocks[layer].attn, h, rotary, memory,
+                                                caches[layer])
+        except RuntimeError as e:  # a router given the wrong number of layers fails inside
+            if memory is not None and len(memory) != layer + 1:
+                raise Wrong(f"{where}: the memory holds {len(memory)} layers' keys/values; at "
+                            f"layer {layer} the router reads {layer + 1}: append this layer's "
+                            "raw keys/values to the memory before routing") from e
+            raise
+        if memory is not None and len(memory) != layer + 1:
+            raise Wrong(f"{where}: afterwards the memory holds {len(memory)} layers' keys/values, "
+                        f"not {layer + 1}: append this layer's raw keys/values, once")
+        check_shape(f"{where}: its output", y, (B, 1, cfg.n_embd), "(B, 1, D)")
+        if not (isinstance(caches[layer], tuple) and len(caches[layer]) == 2):
+            raise Wrong(f"{where}: the cache it returns is not a pair (k, v)")
+        for name, x in zip('kv', caches[layer]):
+            check_shape(f"{where}: the cached {name}", x, (B, cfg.n_kv_head, pos + 1, hs),
+                        f"(B, G, P + 1, hs): one entry per token so far for each of the "
+                        f"{cfg.n_kv_head} key/value heads (cached before grouped-query attention "
+                        "repeats them)")
+        return y
+
+    for layer, block in enumerate(model.blocks):  # this model's own instances only
+        block.attn.forward = functools.partial(attention, layer)
+    # No KVCache goes in, so GPT.forward gives every call a fresh memory and checks no positions.
+    return torch.cat([model(idx[:, t:t + 1])[0] for t in range(T)], dim=1)  # (B, T, vocab)
+
+
+CHECKS = {name: globals()[f'check_{name}'] for name in EXERCISES}
+
+
+def check(module, name, path):
+    """Run exercise name's check on module's answer; a failure names the exercise and says what
+    is wrong, without a traceback through the checks."""
+    answer = getattr(module, name, None)
+    if answer is None:
+        pytest.fail(f"{name}: {path} has no function {name}", pytrace=False)
+    try:
+        with torch.random.fork_rng(devices=[]):  # the checks seed torch: undo it after
+            CHECKS[name](answer)
+        return
+    except NotImplementedError:
+        message = f"not written yet ({path} still raises NotImplementedError)"
+    except Wrong as e:
+        message = str(e)
+    pytest.fail(f"{name}: {message}", pytrace=False)  # outside except: no chained traceback
+
+
+@pytest.fixture(autouse=True)
+def plain_mix_on_one_thread(monkeypatch):
+    """lime.py's plain PyTorch mix, the definition, whatever another test switched on; and one
+    thread: on tensors this small a second thread costs more to wake than it saves."""
+    monkeypatch.setattr(lime, 'mix_kernels', None)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# -----------------------------------------------------------------------------
+# The tests
+
+
+@pytest.mark.parametrize('name', EXERCISES)
+def test_answer_passes_the_check(name):
+    path = os.environ.get('LIME_EXERCISES', 'exercises/answers.py')
+    check(load(path), name, path)
+
+
+# Part of the message each check must give the typical wrong answer in exercises/wrong.py.
+WRONG_MESSAGES = {
+    'static_mix': "so look at the order: R's columns go layer by layer",
+    'dynamic_probs': "must sum to 1 over the S source layers",
+    'router_cost': "Your mix's part is half of it",
+    'top_p_mask': "less than p",
+    'cached_attention': "look at what the cache keeps for past tokens",
+}
+
+
+@pytest.mark.parametrize('name', EXERCISES)
+def test_check_rejects_the_typical_wrong_answer(name):
+    with pytest.raises(pytest.fail.Exception, match=re.escape(WRONG_MESSAGES[name])):
+        check(load('exercises/wrong.py'), name, 'exercises/wrong.py')
+
+
+def test_an_unwritten_exercise_says_not_written_yet():
+    def static_mix(R, memory):  # as exercises/student.py hands it out
+        raise NotImplementedError
+
+    unwritten = types.SimpleNamespace(static_mix=static_mix)
+    with pytest.raises(pytest.fail.Exception, match='static_mix: not written yet'):
+        check(unwritten, 'static_mix', 'exercises/student.py')
+
+
+def test_student_file_has_each_exercise_with_the_answers_signature_and_docstring():
+    student, answers = load('exercises/student.py'), load('exercises/answers.py')
+    for name in EXERCISES:
+        mine, theirs = getattr(student, name, None), getattr(answers, name)
+        assert mine is not None, f"exercises/student.py has no {name}"
+        assert inspect.signature(mine) == inspect.signature(theirs), f"{name}: signatures differ"
+        assert mine.__doc__ == theirs.__doc__, f"{name}: student.py's docstring is not answers.py's"
