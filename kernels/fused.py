@@ -18,9 +18,21 @@ keeps alive anyway.
 On a machine without CUDA the kernels run under Triton's interpreter (slowly: that is for tests).
 The interpreter must be chosen before any kernel is defined, so importing this file sets
 TRITON_INTERPRET=1 there; its tl.dot is wrong on bfloat16, so the kernels upcast when interpreting.
-Tile sizes: the defaults are the ones measured best on an H100 (docs/performance.md); on a GPU,
-triton.autotune also tries a few neighbours the first time it sees a shape.
+
+On a GPU (tests/test_kernels_compile.py compiles every kernel for sm_80 and sm_90 ahead of time,
+at every shape the repo ships; docs/performance.md has what it found):
+- Tiles are picked per shape (static_tiles, dynamic_tiles): the default first, then the few
+  neighbours triton.autotune times the first time it sees a shape, and never a tile that cannot
+  compile or would not fit (the static backward's tl.dot needs 16 columns in 16-bit types; a
+  static tile's registers grow with the heads G, so the tile narrows as G grows).
+- In float32, tl.dot follows torch's float32 matmul setting: TF32 where torch allows it for its
+  own matmuls (torch.backends.cuda.matmul.fp32_precision / allow_tf32), exact float32 otherwise.
+- Autotuning allocates nothing and times the kernel alone: while a backward kernel is being
+  timed, a flag on the device (trial_flag) makes it write every gradient back unchanged, so the
+  trial runs need no copy of the gradient buffer to undo them.
+- Every launch runs on its tensors' GPU, whatever the current device is (on_device).
 """
+import contextlib
 import os
 from typing import Optional
 
@@ -34,20 +46,91 @@ import triton.language as tl  # noqa: E402
 INTERPRET = os.environ.get('TRITON_INTERPRET') == '1'
 TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
+# ---------------------------------------------------------------------------------------------
+# Tiles. Every kernel takes ROWS rows at a time; the candidates are ROWS = 1, 2, 4, ... at 4 and
+# 8 warps, and a prune (triton.autotune's early_config_prune, run before anything is compiled)
+# keeps, per shape, the default and its neighbours: half the rows; the same rows on 8 warps;
+# twice the rows on 8 warps. Under the interpreter, where timing means nothing, only the default.
 
-def autotuned(configs, key, **kwargs):
-    """triton.autotune over configs on a GPU; the first config alone under the interpreter, where
-    timing means nothing and several configs fail."""
-    return triton.autotune(configs[:1] if INTERPRET else configs, key=key, **kwargs)
+CANDIDATES = [triton.Config({'ROWS': 2 ** i}, num_warps=w) for w in (4, 8) for i in range(11)]
+single_config = INTERPRET  # the default tile only (tests switch it off to exercise autotuning)
 
 
-def tile_configs(**default_and_neighbours):
-    """Configs from {name: [default, alternatives...]}: the default first, then one change at a time."""
-    first = {name: values[0] for name, values in default_and_neighbours.items()}
-    configs = [triton.Config(first, num_warps=4)]
-    for name, values in default_and_neighbours.items():
-        configs += [triton.Config({**first, name: v}, num_warps=4) for v in values[1:]]
-    return configs + [triton.Config(first, num_warps=8)]
+def pick(configs, rows, smallest=1):
+    """The default (rows, 4 warps) first, then its neighbours, from configs."""
+    wanted = [(rows, 4), (rows // 2, 4), (rows, 8), (2 * rows, 8)]
+    wanted = [w for i, w in enumerate(wanted) if w[0] >= smallest and w not in wanted[:i]]
+    if single_config:
+        wanted = wanted[:1]
+    by_key = {(c.kwargs['ROWS'], c.num_warps): c for c in configs}
+    return [by_key[w] for w in wanted if w in by_key]
+
+
+def static_tiles(elements):
+    """The static kernels' prune. Their tile is (G padded, ROWS * head size padded), and their
+    registers grow with G twice over: the tile's height, and R's (G x G) blocks and R's gradient
+    beside it. Compiled for sm_80 and sm_90 (docs/performance.md), 2048 elements (16 per thread
+    on 4 warps) keep the backward at <= 128 registers per thread, 16 warps per SM: 128 columns
+    at G <= 16, 64 at G = 32 (4096 elements, 32 per thread, took 130 to 136 at G <= 16 and 240
+    at G = 32). The forward holds less: 4096 elements. Float32 tiles take a quarter of the
+    elements (with half, ptxas spilled a few bytes on sm_80 at most shapes). The backward's
+    tl.dot over the tile's columns needs at least 16 of them in 16-bit types (8 in float32):
+    narrower tiles are never tried."""
+    def prune(configs, named_args, **meta):
+        GP, HSP, bits = meta['GP'], meta['HSP'], meta['DTYPE'].primitive_bitwidth
+        smallest = triton.cdiv(256 // bits, HSP)  # 16 columns in 16-bit types, 8 in float32
+        rows = elements // (bits // 16) ** 2 // (GP * HSP)
+        return pick(configs, max(smallest, rows), smallest)
+    return prune
+
+
+def dynamic_tiles(configs, named_args, **meta):
+    """The dynamic kernels' prune. Their tile is (ROWS, 2 * head size padded): 2048 elements by
+    default (16 rows at head size 64), whatever the head size."""
+    return pick(configs, max(1, 1024 // meta['HSP']))
+
+
+def autotuned(prune, key=('G', 'HS'), trial_flag=None):
+    """triton.autotune over CANDIDATES, pruned to the shape's tiles by prune; key: what a shape
+    is, besides the tensors' dtypes. trial_flag: the name of a backward kernel's flag argument,
+    set to 0 while configs are timed (see trial_flag below)."""
+    tuner = None
+
+    def do_bench(kernel_call, quantiles):
+        flag = tuner.nargs[trial_flag] if trial_flag else None
+        if flag is not None:
+            flag.zero_()  # outside the timed calls: they run the kernel alone
+        try:
+            return benchmarker()(kernel_call, quantiles=quantiles)
+        finally:
+            if flag is not None:
+                flag.fill_(1)
+
+    def wrap(kernel):
+        nonlocal tuner
+        tuner = triton.autotune(CANDIDATES, key=list(key), do_bench=do_bench,
+                                prune_configs_by={'early_config_prune': prune})(kernel)
+        return tuner
+    return wrap
+
+
+def benchmarker():
+    """What times a config (the GPU driver's, as triton.autotune's default)."""
+    return triton.runtime.driver.active.get_benchmarker()
+
+
+TRIAL_FLAGS = {}
+
+
+def trial_flag(device):
+    """One int32 per device, read by the backward kernels: 1, add the sources' gradients into
+    the gradient buffer; 0 (only while the autotuner times trial configs), load and store
+    them unchanged. A trial then moves the same bytes as a real run and leaves the buffer as it
+    was, so autotuning needs no copy of the buffer to restore, and times no copy."""
+    key = str(device)
+    if key not in TRIAL_FLAGS:
+        TRIAL_FLAGS[key] = torch.ones(1, dtype=torch.int32, device=device)
+    return TRIAL_FLAGS[key]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -57,11 +140,11 @@ def tile_configs(**default_and_neighbours):
 # source on tensor cores: (G x G) @ (G x ROWS*HS). G and HS are padded to powers of two (masked).
 
 
-@autotuned(tile_configs(ROWS=[4, 2, 8]), key=['G', 'HS'])
-@triton.jit
+@autotuned(static_tiles(4096))
+@triton.jit(do_not_specialize=['S'])  # one compile for every layer
 def static_mix_fwd_kernel(src_ptrs, R, out, n_rows, S, G: tl.constexpr, HS: tl.constexpr,
                           GP: tl.constexpr, HSP: tl.constexpr, DTYPE: tl.constexpr,
-                          FP32_DOT: tl.constexpr, ROWS: tl.constexpr):
+                          FP32_DOT: tl.constexpr, PRECISION: tl.constexpr, ROWS: tl.constexpr):
     col = tl.arange(0, ROWS * HSP)
     row = tl.program_id(0) * ROWS + col // HSP
     d = col % HSP
@@ -76,21 +159,22 @@ def static_mix_fwd_kernel(src_ptrs, R, out, n_rows, S, G: tl.constexpr, HS: tl.c
         x = tl.load(src + tile, mask=mask, other=0.0)
         r = tl.load(R + r_tile + m * G, mask=r_mask, other=0.0)
         if FP32_DOT:
-            acc += tl.dot(r.to(tl.float32), x.to(tl.float32))
+            acc += tl.dot(r.to(tl.float32), x.to(tl.float32), input_precision=PRECISION)
         else:
-            acc += tl.dot(r.to(x.dtype), x)
+            acc += tl.dot(r.to(x.dtype), x, input_precision=PRECISION)
     tl.store(out + tile, acc.to(out.dtype.element_ty), mask=mask)
 
 
-@autotuned(tile_configs(ROWS=[4, 2, 8]), key=['G', 'HS'], reset_to_zero=['dR_part'], restore_value=['grads'])
-@triton.jit
-def static_mix_bwd_kernel(src_ptrs, R, dout, grads, grads_stride, dR_part, n_rows, S, G: tl.constexpr,
-                          HS: tl.constexpr, GP: tl.constexpr, HSP: tl.constexpr,
-                          DTYPE: tl.constexpr, FP32_DOT: tl.constexpr, ROWS: tl.constexpr):
+@autotuned(static_tiles(2048), trial_flag='accumulate')
+@triton.jit(do_not_specialize=['S'])  # one compile for every layer
+def static_mix_bwd_kernel(src_ptrs, R, dout, grads, grads_stride, dR_part, accumulate, n_rows, S,
+                          G: tl.constexpr, HS: tl.constexpr, GP: tl.constexpr,
+                          HSP: tl.constexpr, DTYPE: tl.constexpr, FP32_DOT: tl.constexpr,
+                          PRECISION: tl.constexpr, ROWS: tl.constexpr):
     # A fixed number of programs, each looping over tiles. Source m's gradient is added into
     # grads[m] (read, add in fp32, write back). R's gradient is summed per program in a small
-    # private slice of dR_part (S, GP, GP) (no atomics, so it is deterministic), and the slices are
-    # added up afterwards.
+    # private slice of dR_part (S, GP, GP) (no atomics, so it is deterministic), which the
+    # program zeroes first, and the slices are added up afterwards.
     pid, n_programs = tl.program_id(0), tl.num_programs(0)
     col = tl.arange(0, ROWS * HSP)
     d = col % HSP
@@ -98,6 +182,9 @@ def static_mix_bwd_kernel(src_ptrs, R, dout, grads, grads_stride, dR_part, n_row
     r_tile = g[:, None] * (S * G) + g[None, :]
     r_mask = (g < G)[:, None] & (g < G)[None, :]
     part = dR_part + pid.to(tl.int64) * S * GP * GP + g[:, None] * GP + g[None, :]
+    for m in range(S):
+        tl.store(part + m * GP * GP, tl.zeros((GP, GP), dtype=tl.float32))
+    keep = tl.load(accumulate) == 0  # an autotuning trial: write the gradients back unchanged
     for start in range(pid * ROWS, n_rows, n_programs * ROWS):
         row = start + col // HSP
         tile = g[:, None] * HS + (row.to(tl.int64) * (G * HS) + d)[None, :]
@@ -113,27 +200,47 @@ def static_mix_bwd_kernel(src_ptrs, R, dout, grads, grads_stride, dR_part, n_row
                 x, r = x.to(tl.float32), r.to(tl.float32)
             else:
                 r = r.to(x.dtype)
-            dx = tl.dot(tl.trans(r), dy)  # d src_m[h, :] = sum_g R[g, h] dout[g, :]
+            # d src_m[h, :] = sum_g R[g, h] dout[g, :]
+            dx = tl.dot(tl.trans(r), dy, input_precision=PRECISION)
             grad = grads + tl.cast(m, tl.int64) * grads_stride + tile
-            tl.store(grad, (tl.load(grad, mask=mask, other=0.0).to(tl.float32) + dx).to(DTYPE), mask=mask)
-            dr = tl.dot(dy, tl.trans(x))  # d R[g, h] = sum over the tile of dout[g, :] src_m[h, :]
+            old = tl.load(grad, mask=mask, other=0.0).to(tl.float32)
+            tl.store(grad, tl.where(keep, old, old + dx).to(DTYPE), mask=mask)
+            # d R[g, h] = sum over the tile of dout[g, :] src_m[h, :]
+            dr = tl.dot(dy, tl.trans(x), input_precision=PRECISION)
             tl.store(part + m * GP * GP, tl.load(part + m * GP * GP) + dr)
 
 
-def launch_info(sources):
+def check_sources(sources):
     x = sources[0]
-    if not all(s.shape == x.shape and s.dtype == x.dtype and s.device == x.device for s in sources):
+    if not all(s.shape == x.shape and s.dtype == x.dtype and s.device == x.device
+               for s in sources):
         raise ValueError("the layer memory's tensors must share one shape, dtype and device")
     if x.dtype not in TL_DTYPES:
         raise ValueError(f"fused mix: unsupported dtype {x.dtype}")
     if x.device.type != 'cuda' and not INTERPRET:
         raise RuntimeError("fused=True on a CPU tensor needs Triton's interpreter: set "
                            "TRITON_INTERPRET=1 before starting Python, or use fused=None / False")
-    sources = [s.contiguous() for s in sources]
-    ptrs = addresses(sources)
+    return [s.contiguous() for s in sources]
+
+
+def kernel_meta(x):
+    """The constexprs every kernel takes, for sources like x (B, T, 2, G, hs)."""
     _, _, _, G, HS = x.shape
-    return sources, ptrs, dict(G=G, HS=HS, HSP=triton.next_power_of_2(HS),
-                               DTYPE=TL_DTYPES[x.dtype], FP32_DOT=INTERPRET)
+    return dict(G=G, HS=HS, HSP=triton.next_power_of_2(HS), DTYPE=TL_DTYPES[x.dtype],
+                FP32_DOT=INTERPRET)
+
+
+def dot_precision(dtype):
+    """tl.dot's input precision: on float32 tensors TF32 where torch allows TF32 for its own
+    float32 matmuls, else exact ('ieee'; also under the interpreter, which computes exactly).
+    16-bit inputs are multiplied exactly anyway."""
+    if dtype != torch.float32 or INTERPRET:
+        return 'ieee'
+    matmul = torch.backends.cuda.matmul
+    precision = getattr(matmul, 'fp32_precision', None)  # torch >= 2.9
+    if precision is None:
+        return 'tf32' if matmul.allow_tf32 else 'ieee'
+    return 'tf32' if precision == 'tf32' else 'ieee'
 
 
 def addresses(tensors):
@@ -150,16 +257,45 @@ def n_programs(device, n_tiles):
     return min(n_tiles, 8)  # the interpreter runs programs one by one
 
 
+def on_device(x):
+    """Launch on x's GPU: triton launches on the current CUDA device, which need not be x's."""
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+
+
+def launch(kernel, grid, args, meta):
+    kernel[grid](*args, **meta)
+
+
+# The launches: each returns (kernel, grid, args, constexprs) for tensors already checked and
+# contiguous, so tests/test_kernels_compile.py compiles exactly what a GPU run launches.
+
+def static_forward_launch(R, sources, out):
+    meta = kernel_meta(out)
+    meta.update(GP=max(16, triton.next_power_of_2(meta['G'])),  # tl.dot wants every side >= 16
+                PRECISION=dot_precision(out.dtype))
+    n_rows = out.numel() // (meta['G'] * meta['HS'])
+    grid = lambda cfg: (triton.cdiv(n_rows, cfg['ROWS']),)  # noqa: E731
+    return static_mix_fwd_kernel, grid, (addresses(sources), R, out, n_rows, len(sources)), meta
+
+
+def static_backward_launch(grad, R, sources, grads, dR_part):
+    meta = kernel_meta(grad)
+    meta.update(GP=dR_part.shape[-1], PRECISION=dot_precision(grad.dtype))
+    n_rows = grad.numel() // (meta['G'] * meta['HS'])
+    args = (addresses(sources), R, grad, grads, grads.stride(0), dR_part, trial_flag(grad.device),
+            n_rows, len(sources))
+    return static_mix_bwd_kernel, (dR_part.shape[0],), args, meta
+
+
 @torch.library.custom_op('lime::static_mix', mutates_args=())
-def static_mix_op(R: torch.Tensor, sources: list[torch.Tensor], grads: Optional[torch.Tensor]) -> torch.Tensor:
+def static_mix_op(R: torch.Tensor, sources: list[torch.Tensor],
+                  grads: Optional[torch.Tensor]) -> torch.Tensor:
     """sum_m sum_h R[g, m*G + h] * sources[m][..., h, :], for sources of shape (B, T, 2, G, hs).
     grads: where the backward adds the sources' gradients (see gradient_buffer); unused here."""
-    sources, ptrs, meta = launch_info(sources)
+    sources = check_sources(sources)
     out = torch.empty_like(sources[0])
-    n_rows = out.numel() // (meta['G'] * meta['HS'])
-    GP = max(16, triton.next_power_of_2(meta['G']))  # tl.dot wants every side >= 16
-    grid = lambda cfg: (triton.cdiv(n_rows, cfg['ROWS']),)  # noqa: E731
-    static_mix_fwd_kernel[grid](ptrs, R.contiguous(), out, n_rows, len(sources), GP=GP, **meta)
+    with on_device(out):
+        launch(*static_forward_launch(R.contiguous(), sources, out))
     return out
 
 
@@ -172,14 +308,15 @@ def _(R, sources, grads):
 def static_mix_backward(grad: torch.Tensor, R: torch.Tensor, sources: list[torch.Tensor],
                         grads: torch.Tensor) -> torch.Tensor:
     """Adds each source's gradient into grads[m]; returns R's gradient (G, S*G)."""
-    sources, ptrs, meta = launch_info(sources)
-    S, G = len(sources), meta['G']
-    n_rows = grad.numel() // (G * meta['HS'])
-    GP = max(16, triton.next_power_of_2(G))
-    programs = n_programs(grad.device, triton.cdiv(n_rows, 2))  # 2: the smallest ROWS tried
-    dR_part = torch.zeros((programs, S, GP, GP), dtype=torch.float32, device=grad.device)
-    static_mix_bwd_kernel[(programs,)](ptrs, R.contiguous(), grad.contiguous(), grads, grads.stride(0),
-                                       dR_part, n_rows, S, GP=GP, **meta)
+    sources = check_sources(sources)
+    grad = grad.contiguous()
+    _, _, _, G, HS = grad.shape
+    S, GP = len(sources), max(16, triton.next_power_of_2(G))
+    programs = n_programs(grad.device, grad.numel() // (G * HS))  # at most one per row
+    # every program zeroes its own slice first
+    dR_part = torch.empty((programs, S, GP, GP), dtype=torch.float32, device=grad.device)
+    with on_device(grad):
+        launch(*static_backward_launch(grad, R.contiguous(), sources, grads, dR_part))
     dR = dR_part.sum(0)[:, :G, :G]  # (m, g, h) -> R's layout (g, m*G + h)
     return dR.transpose(0, 1).reshape(G, S * G).to(R.dtype)
 
@@ -196,35 +333,38 @@ def _(grad, R, sources, grads):
 # sum, and the probabilities' gradient is a dot product per row.
 
 
-@autotuned(tile_configs(ROWS=[16, 8, 32]), key=['G', 'HS'])
-@triton.jit
+@autotuned(dynamic_tiles)
+@triton.jit(do_not_specialize=['S'])  # one compile for every layer
 def dynamic_mix_fwd_kernel(src_ptrs, probs, out, n_rows, S, G: tl.constexpr, HS: tl.constexpr,
                            HSP: tl.constexpr, DTYPE: tl.constexpr, FP32_DOT: tl.constexpr,
                            ROWS: tl.constexpr):
     row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     col = tl.arange(0, 2 * HSP)  # (key or value, channel)
     c, d = col // HSP, col % HSP
-    tile = ((row // G).to(tl.int64) * (2 * G * HS) + (row % G) * HS)[:, None] + (c * (G * HS) + d)[None, :]
+    tile = (((row // G).to(tl.int64) * (2 * G * HS) + (row % G) * HS)[:, None]
+            + (c * (G * HS) + d)[None, :])
     mask = (row < n_rows)[:, None] & (d < HS)[None, :]
     acc = tl.zeros((ROWS, 2 * HSP), dtype=tl.float32)
     for m in range(S):
         src = tl.load(src_ptrs + m).to(tl.pointer_type(DTYPE))
         x = tl.load(src + tile, mask=mask, other=0.0).to(tl.float32)
-        p = tl.load(probs + row.to(tl.int64) * S + m, mask=row < n_rows, other=0.0).to(tl.float32)
-        acc += p[:, None] * x
+        p = tl.load(probs + row.to(tl.int64) * S + m, mask=row < n_rows, other=0.0)
+        acc += p.to(tl.float32)[:, None] * x
     tl.store(out + tile, acc.to(out.dtype.element_ty), mask=mask)
 
 
-@autotuned(tile_configs(ROWS=[16, 8, 32]), key=['G', 'HS'], restore_value=['grads'])
-@triton.jit
-def dynamic_mix_bwd_kernel(src_ptrs, probs, dout, grads, grads_stride, dprobs, n_rows, S, G: tl.constexpr,
-                           HS: tl.constexpr, HSP: tl.constexpr, DTYPE: tl.constexpr,
-                           FP32_DOT: tl.constexpr, ROWS: tl.constexpr):
+@autotuned(dynamic_tiles, trial_flag='accumulate')
+@triton.jit(do_not_specialize=['S'])  # one compile for every layer
+def dynamic_mix_bwd_kernel(src_ptrs, probs, dout, grads, grads_stride, dprobs, accumulate, n_rows,
+                           S, G: tl.constexpr, HS: tl.constexpr, HSP: tl.constexpr,
+                           DTYPE: tl.constexpr, FP32_DOT: tl.constexpr, ROWS: tl.constexpr):
     row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     col = tl.arange(0, 2 * HSP)
     c, d = col // HSP, col % HSP
-    tile = ((row // G).to(tl.int64) * (2 * G * HS) + (row % G) * HS)[:, None] + (c * (G * HS) + d)[None, :]
+    tile = (((row // G).to(tl.int64) * (2 * G * HS) + (row % G) * HS)[:, None]
+            + (c * (G * HS) + d)[None, :])
     mask = (row < n_rows)[:, None] & (d < HS)[None, :]
+    keep = tl.load(accumulate) == 0  # an autotuning trial: write the gradients back unchanged
     dy = tl.load(dout + tile, mask=mask, other=0.0).to(tl.float32)  # read once for all S sources
     for m in range(S):
         src = tl.load(src_ptrs + m).to(tl.pointer_type(DTYPE))
@@ -232,20 +372,38 @@ def dynamic_mix_bwd_kernel(src_ptrs, probs, dout, grads, grads_stride, dprobs, n
         p_at = probs + row.to(tl.int64) * S + m
         p = tl.load(p_at, mask=row < n_rows, other=0.0).to(tl.float32)
         grad = grads + tl.cast(m, tl.int64) * grads_stride + tile
-        tl.store(grad, (tl.load(grad, mask=mask, other=0.0).to(tl.float32) + p[:, None] * dy).to(DTYPE),
-                 mask=mask)
-        tl.store(dprobs + row.to(tl.int64) * S + m, tl.sum(dy * x, axis=1).to(dprobs.dtype.element_ty),
-                 mask=row < n_rows)
+        old = tl.load(grad, mask=mask, other=0.0).to(tl.float32)
+        tl.store(grad, tl.where(keep, old, old + p[:, None] * dy).to(DTYPE), mask=mask)
+        tl.store(dprobs + row.to(tl.int64) * S + m,
+                 tl.sum(dy * x, axis=1).to(dprobs.dtype.element_ty), mask=row < n_rows)
+
+
+def dynamic_forward_launch(probs, sources, out):
+    meta = kernel_meta(out)
+    n_rows = out.numel() // (2 * meta['HS'])
+    grid = lambda cfg: (triton.cdiv(n_rows, cfg['ROWS']),)  # noqa: E731
+    return dynamic_mix_fwd_kernel, grid, (addresses(sources), probs, out, n_rows,
+                                          len(sources)), meta
+
+
+def dynamic_backward_launch(grad, probs, sources, grads, dprobs):
+    meta = kernel_meta(grad)
+    n_rows = grad.numel() // (2 * meta['HS'])
+    grid = lambda cfg: (triton.cdiv(n_rows, cfg['ROWS']),)  # noqa: E731
+    args = (addresses(sources), probs, grad, grads, grads.stride(0), dprobs,
+            trial_flag(grad.device), n_rows, len(sources))
+    return dynamic_mix_bwd_kernel, grid, args, meta
 
 
 @torch.library.custom_op('lime::dynamic_mix', mutates_args=())
-def dynamic_mix_op(probs: torch.Tensor, sources: list[torch.Tensor], grads: Optional[torch.Tensor]) -> torch.Tensor:
-    """sum_m probs[b, t, g, m] * sources[m][b, t, :, g, :], for sources of shape (B, T, 2, G, hs)."""
-    sources, ptrs, meta = launch_info(sources)
+def dynamic_mix_op(probs: torch.Tensor, sources: list[torch.Tensor],
+                   grads: Optional[torch.Tensor]) -> torch.Tensor:
+    """sum_m probs[b, t, g, m] * sources[m][b, t, :, g, :], for sources of shape
+    (B, T, 2, G, hs)."""
+    sources = check_sources(sources)
     out = torch.empty_like(sources[0])
-    n_rows = out.numel() // (2 * meta['HS'])
-    grid = lambda cfg: (triton.cdiv(n_rows, cfg['ROWS']),)  # noqa: E731
-    dynamic_mix_fwd_kernel[grid](ptrs, probs.contiguous(), out, n_rows, len(sources), **meta)
+    with on_device(out):
+        launch(*dynamic_forward_launch(probs.contiguous(), sources, out))
     return out
 
 
@@ -257,13 +415,13 @@ def _(probs, sources, grads):
 @torch.library.custom_op('lime::dynamic_mix_backward', mutates_args=('grads',))
 def dynamic_mix_backward(grad: torch.Tensor, probs: torch.Tensor, sources: list[torch.Tensor],
                          grads: torch.Tensor) -> torch.Tensor:
-    """Adds each source's gradient into grads[m]; returns the probabilities' gradient (B, T, G, S)."""
-    sources, ptrs, meta = launch_info(sources)
-    n_rows = grad.numel() // (2 * meta['HS'])
+    """Adds each source's gradient into grads[m]; returns the probabilities' gradient
+    (B, T, G, S)."""
+    sources = check_sources(sources)
+    probs = probs.contiguous()
     dprobs = torch.empty_like(probs)
-    grid = lambda cfg: (triton.cdiv(n_rows, cfg['ROWS']),)  # noqa: E731
-    dynamic_mix_bwd_kernel[grid](ptrs, probs.contiguous(), grad.contiguous(), grads, grads.stride(0), dprobs,
-                                 n_rows, len(sources), **meta)
+    with on_device(grad):
+        launch(*dynamic_backward_launch(grad.contiguous(), probs, sources, grads, dprobs))
     return dprobs
 
 
@@ -275,14 +433,15 @@ def _(grad, probs, sources, grads):
 # ---------------------------------------------------------------------------------------------
 # Autograd, and the sources' gradients. Source m is read by the mixes of layers m..L-1. Left to
 # autograd, each of them would return a fresh gradient for it and autograd would add them up:
-# about 4 N bytes of traffic per (layer, source) pair, and many such tensors alive at once at depth.
-# Instead every mix's backward adds its share into one buffer for the whole memory, grads
-# (L, B, T, 2, G, hs), and a source gets its gradient from the mix of its own layer only (layer 1's
-# for layer 0, which has no router). That mix runs its backward last among the source's readers
-# (every later layer depends on its output), so by then the sum is complete. This is right for a backward pass through the whole model, the only
-# use here; it is not a per-op gradient (autograd.grad of one layer's mix would miss the earlier
-# sources), so a mix given a plain list, not the model's LayerMemory, keeps a buffer of its own
-# and returns every source's gradient, as any op does.
+# about 4 N bytes of traffic per (layer, source) pair, and many such tensors alive at once at
+# depth. Instead every mix's backward adds its share into one buffer for the whole memory, grads
+# (L, B, T, 2, G, hs), and a source gets its gradient from the mix of its own layer only (layer
+# 1's for layer 0, which has no router). That mix runs its backward last among the source's
+# readers (every later layer depends on its output), so by then the sum is complete. This is
+# right for a backward pass through the whole model, the only use here; it is not a per-op
+# gradient (autograd.grad of one layer's mix would miss the earlier sources), so a mix given a
+# plain list, not the model's LayerMemory, keeps a buffer of its own and returns every source's
+# gradient, as any op does.
 
 
 class LayerMemory(list):
@@ -314,7 +473,7 @@ def distributed():
 def setup_context(ctx, inputs, output):
     weights, sources, grads = inputs
     ctx.save_for_backward(weights, *sources)
-    ctx.shared_grads = grads  # not a saved tensor: the backward passes of other layers write into it
+    ctx.shared_grads = grads  # not a saved tensor: the backward passes of other layers write here
 
 
 def backward_with(backward_op):
@@ -325,8 +484,8 @@ def backward_with(backward_op):
         dweights = backward_op(grad, weights, sources, grads)
         if shared is None:
             return dweights, list(grads.unbind(0)), None
-        # The own layer's source is the last; layer 0 has no router, so layer 1's mix (S = 2), the
-        # last of source 0's readers to run backward, hands source 0 its gradient too.
+        # The own layer's source is the last; layer 0 has no router, so layer 1's mix (S = 2),
+        # the last of source 0's readers to run backward, hands source 0 its gradient too.
         return dweights, [grads[m] if m == S - 1 or S == 2 else None for m in range(S)], None
     return backward
 
@@ -341,5 +500,6 @@ def static_mix(R, memory):
 
 
 def dynamic_mix(probs, memory):
-    """Dynamic LIMe's mix: probs (B, T, G, S), memory S tensors (B, T, 2, G, hs) -> (B, T, 2, G, hs)."""
+    """Dynamic LIMe's mix: probs (B, T, G, S), memory S tensors (B, T, 2, G, hs)
+    -> (B, T, 2, G, hs)."""
     return dynamic_mix_op(probs, list(memory), gradient_buffer(memory))
