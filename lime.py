@@ -19,7 +19,8 @@ import importlib.util
 import math
 import os
 import sys
-from dataclasses import asdict, dataclass
+import zipfile
+from dataclasses import asdict, dataclass, fields
 
 import torch
 import torch.nn as nn
@@ -87,18 +88,18 @@ class StaticRouter(nn.Module):
 
     def mix_weights(self):
         """R as used, (G, S * G): outside the top-p set zeroed (signed: no renormalising)."""
-        R = self.weight
-        if self.top_p < 1.0:
-            R = R * top_p_mask(R.abs(), self.top_p)  # per output head, over all its sources
-        return R
+        if self.top_p < 1.0:  # per output head, over all its sources
+            return self.weight * top_p_mask(self.weight.abs(), self.top_p)
+        return self.weight
 
     def forward(self, h, memory):  # memory: S tensors (B, T, 2, G, hs), layers 0..l
         if mix_kernels is not None:
             return mix_kernels.static_mix(self.mix_weights(), memory)  # the same, fused
-        # All S*G (layer, head) sources side by side in R's column order, then one matmul. The
-        # copy costs memory, but on a CPU it beats one small einsum per layer by ~2x at depth 32.
-        kv = torch.cat(list(memory), dim=3)  # (B, T, 2, S*G, hs); list(): compile wants a list
-        return self.mix_weights() @ kv  # (G, S*G) @ (..., S*G, hs) -> (B, T, 2, G, hs)
+        # All S*G (layer, head) sources side by side in R's column order (list(): for compile)
+        kv, R = torch.cat(list(memory), 3).flatten(0, 2), self.mix_weights()  # (B*T*2, S*G, hs)
+        if kv.is_cuda:  # one GEMM on a copy of kv^T (torch's matmul); a CPU is ~2x faster without
+            return (R @ kv).view_as(memory[0])  # (G, S*G) @ (..., S*G, hs) -> (B, T, 2, G, hs)
+        return torch.bmm(R.expand(len(kv), *R.shape), kv).view_as(memory[0])  # R @ kv[i], every i
 
 
 class DynamicRouter(nn.Module):
@@ -124,9 +125,7 @@ class DynamicRouter(nn.Module):
 
     def mix_weights(self, h):
         """Routing probabilities (B, T, G, S): for each token and head they sum to 1."""
-        B, T, _ = h.shape
-        logits = self.proj(h).view(B, T, self.n_kv_head, self.n_source)
-        probs = logits.float().softmax(dim=-1)
+        probs = self.proj(h).unflatten(-1, (self.n_kv_head, self.n_source)).float().softmax(dim=-1)
         if self.top_p < 1.0:
             probs = probs * top_p_mask(probs, self.top_p)
             probs = probs / probs.sum(-1, keepdim=True)  # the kept sources share all the weight
@@ -222,15 +221,15 @@ class Rotary(nn.Module):
         super().__init__()
         inv_freq = base ** (-torch.arange(0, head_size, 2, dtype=torch.float32) / head_size)
         angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)  # (T, hs/2)
+        angles = torch.cat((-angles, angles), dim=-1)  # (T, hs): a head's first half turns back
         # Not saved in checkpoints: they follow from the config.
-        self.register_buffer('cos', angles.cos()[:, None, :], persistent=False)  # (T, 1, hs/2)
+        self.register_buffer('cos', angles.cos()[:, None, :], persistent=False)  # (T, 1, hs)
         self.register_buffer('sin', angles.sin()[:, None, :], persistent=False)
 
     def forward(self, x, pos=0):  # x: (B, T, heads, hs), its first token at position pos
-        T = x.size(1)
-        cos, sin = self.cos[pos:pos + T], self.sin[pos:pos + T]  # (T, 1, hs/2)
-        x1, x2 = x.float().chunk(2, dim=-1)  # (B, T, heads, hs/2) each
-        return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).type_as(x)
+        # A head's halves (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) = x cos + (x2, x1) sin'
+        cos, sin = self.cos[pos:pos + x.size(1)], self.sin[pos:pos + x.size(1)]  # (T, 1, hs)
+        return torch.addcmul(x.float() * cos, x.float().roll(x.size(-1) // 2, -1), sin).type_as(x)
 
 
 class MLP(nn.Module):
@@ -378,8 +377,7 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None, cache=None):
         """idx: (B, T) token ids. Returns logits (B, T, vocab_size) and, given targets (B, T),
         the mean cross-entropy (targets of -1 are ignored). With a cache, idx continues it."""
-        cfg = self.config
-        T = idx.size(1)
+        cfg, T = self.config, idx.size(1)
         if (cache.pos if cache is not None else 0) + T > cfg.block_size:
             raise ValueError(f"a sequence of more than block_size {cfg.block_size} tokens")
         x = self.embed(idx)  # (B, T, D)
@@ -400,8 +398,11 @@ class GPT(nn.Module):
             x = x.mean(dim=2)  # (B, T, D)
         logits = F.linear(self.final_norm(x), self.lm_head.weight, self.pad_bias)  # (B, T, V_pad)
         loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
+        if targets is not None:  # an eager CPU takes 16 tokens at a time: see docs/performance.md
+            flat, targets = logits.float().flatten(0, 1), targets.flatten()  # (N, V_pad), (N,)
+            n = 16 if flat.device.type == 'cpu' and not torch.compiler.is_compiling() else len(flat)
+            loss = sum(F.cross_entropy(l, t, ignore_index=-1, reduction='sum')
+                       for l, t in zip(flat.split(n), targets.split(n))) / (targets != -1).sum()
         return logits[..., :cfg.vocab_size], loss  # a view: the padded ids are never predicted
 
     @torch.no_grad()
@@ -509,28 +510,41 @@ def load_checkpoint(path, device, keys=('model', 'model_args')):
     if not os.path.isfile(path):
         raise ValueError(f"no checkpoint at {path} (train.py writes one to its out_dir)")
     try:
+        with zipfile.ZipFile(path) as archive:  # torch.load skips its CRCs: read it once more
+            if (damaged := archive.testzip()) is not None:
+                raise ValueError(f"{damaged} fails its checksum")
         checkpoint = torch.load(path, map_location=device)
     except Exception as e:
         raise ValueError(f"could not read checkpoint {path} (damaged, or not saved by train.py): "
                          f"{last_line(e)}") from None
-    missing = [k for k in keys if not isinstance(checkpoint, dict) or k not in checkpoint]
-    if missing:
+    wrong = [k for k in keys if not isinstance(checkpoint, dict) or not isinstance(
+        checkpoint.get(k), {'step': int, 'best_val_loss': (int, float)}.get(k, dict))]
+    if wrong:
         raise ValueError(f"{path} is not a checkpoint saved by train.py: it lacks "
-                         f"{', '.join(missing)}")
-    if 'model_args' in checkpoint:
-        checkpoint['model_args'].pop('fused', None)  # was a config field: how, not what, to run
+                         f"{', '.join(wrong)} (or holds another kind of value)")
+    args = checkpoint.get('model_args', {})
+    args.pop('fused', None)  # was a config field: how, not what, to run
+    if unknown := sorted(set(args) - {f.name for f in fields(GPTConfig)}):
+        raise ValueError(f"{path}: its model has {', '.join(unknown)}: saved by another lime.py?")
     return checkpoint
 
 
-def load_model(path, device):
-    """(the checkpoint's model, in eval mode on device, the checkpoint); else a ValueError."""
-    checkpoint = load_checkpoint(path, device, ('model', 'model_args', 'step', 'best_val_loss'))
+def build_model(checkpoint, path):
+    """The checkpoint's model, its weights loaded; else a one-line ValueError naming what does not
+    fit (a missing weight, say)."""
     try:
         model = GPT(GPTConfig(**checkpoint['model_args']))
         model.load_state_dict(checkpoint['model'])
     except (TypeError, ValueError, RuntimeError) as e:  # saved by another version of lime.py?
         raise ValueError(f"{path}: its model does not load into this lime.py: "
                          f"{last_line(e)}") from None
+    return model
+
+
+def load_model(path, device):
+    """(the checkpoint's model, in eval mode on device, the checkpoint); else a ValueError."""
+    checkpoint = load_checkpoint(path, device, ('model', 'model_args', 'step', 'best_val_loss'))
+    model = build_model(checkpoint, path)
     print(f"loaded {path}: step {checkpoint['step']}, router={model.config.router}, "
           f"val loss {checkpoint['best_val_loss']:.4f}", file=sys.stderr)
     return model.eval().to(device), checkpoint

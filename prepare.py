@@ -9,7 +9,8 @@ and then, e.g., `python train.py config/cpu_demo.py`. `python prepare.py -h` lis
 
 Each document becomes <|endoftext|> followed by its tokens, so the model is always told where a new
 document starts, and documents are packed back to back. Every --val_every-th document goes to
-validation until that split holds --val_tokens tokens; all others go to training.
+validation until that split holds --val_tokens tokens; all others go to training. One document
+alone (a single .txt file) is cut instead: its first 1/--val_every validates, the rest trains.
 
 Shards use the llm.c / modded-nanogpt format: a header of 256 int32 (magic 20240520, version 1,
 token count) followed by the tokens as little-endian uint16. Shard 0 holds validation,
@@ -133,6 +134,7 @@ class Batches:
         self.files = shard_paths(data_dir, "train")
         self.data_dir, self.B, self.T, self.rank, self.span = data_dir, B, T, rank, B*T*world_size
         lengths = [len(read_shard(path, vocab_size)) for path in self.files]
+        self.names = [[os.path.basename(path), n] for path, n in zip(self.files, lengths)]
         self.usable = [i for i, n in enumerate(lengths) if n > self.span]  # the +1: the last target
         for path, n in zip(self.files, lengths):
             if n <= self.span:
@@ -145,13 +147,14 @@ class Batches:
         self.restore({"shard": self.usable[0], "pos": 0})
 
     def state(self):  # the position indexes all shards, usable or not, so it means one file
-        return {"shard": self.shard, "pos": self.pos, "data_dir": os.path.realpath(self.data_dir)}
+        return {"shard": self.shard, "pos": self.pos, "data_dir": os.path.realpath(self.data_dir),
+                "shards": self.names}  # each training shard's name and length: which data it is
 
     def restore(self, state):
         shard, self.pos = state["shard"], state["pos"]
-        if shard >= len(self.files):
-            raise ValueError(f"the checkpoint stopped in training shard {shard + 1}, but "
-                             f"{self.data_dir}/ holds only {len(self.files)}: is it the same data?")
+        if shard >= len(self.files) or state.get("shards", self.names) != self.names:
+            raise ValueError(f"{self.data_dir}/ changed since the checkpoint: its training shards "
+                             "are not those the run read (restore them, or resume on a copy)")
         if shard not in self.usable:  # too short for this run's micro-steps: on to the next
             shard, self.pos = self.following(shard), 0
         self.shard, self.tokens = shard, read_shard(self.files[shard])
@@ -308,6 +311,9 @@ def prepare(documents, out_dir, prefix, args):
             n_docs += 1
             if args.max_tokens and n_val + n_train >= args.max_tokens:
                 break
+    if n_train == 0 and n_docs == 1 and len(val[0]) > 2:  # one document (one .txt): split it
+        doc, cut = val[0], min(max(1, len(val[0]) // args.val_every), args.val_tokens)
+        val, n_val, n_train, buf, fill = [doc[:cut]], cut, len(doc) - cut, doc[cut:], len(doc) - cut
     if n_train == 0:
         raise InputError(f"got {n_docs} document(s); need at least 2, since the first goes to "
                          "validation")
@@ -362,6 +368,8 @@ def main(argv=None):
     # The validation shard is written last: with it, a finished run is there already and is kept;
     # without it, shards left by an interrupted run are deleted, so none mixes into the new set.
     old_shards = glob.glob(os.path.join(out_dir, f"{prefix}_*.bin"))
+    if set(glob.glob(os.path.join(out_dir, "*_*_*.bin"))) - set(old_shards):  # another data set's
+        sys.exit(f"prepare.py: error: {out_dir} holds other shards: give another --out_dir")
     if os.path.exists(shard_path(out_dir, prefix, "val", 0)):
         print(f"{out_dir} already holds {len(old_shards)} shards: kept "
               "(delete them to prepare anew)")

@@ -10,9 +10,11 @@ configurator.py; `python train.py --help` lists them). Checkpoints go to out_dir
 --init_from=resume continues a run exactly where it stopped, with its settings. out_dir/log.txt
 holds one JSON object a line: the run's settings, then one record per log line and evaluation.
 """
+import ctypes
 import json
 import math
 import os
+import sys
 import time
 from contextlib import nullcontext
 from dataclasses import fields
@@ -24,7 +26,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configurator import configure, fail, or_fail
-from lime import GPT, GPTConfig, load_checkpoint, save_checkpoint, use_fused_kernels
+from lime import GPT, GPTConfig, build_model, load_checkpoint, save_checkpoint, use_fused_kernels
 from prepare import Batches, read_shard, shard_paths, token_bytes
 
 try:
@@ -108,6 +110,15 @@ else:
 if device_type == 'cuda' and ':' in device:
     torch.cuda.set_device(device)  # kernels launch on the current device: make it ours
 master = rank == 0  # only it logs and writes checkpoints
+if device_type == 'cpu' and sys.platform == 'linux':
+    # glibc hands big freed blocks (each step's logits) back to the OS and faults them in again
+    # at the next step; keeping up to 1 GiB of freed heap made CPU steps 1.4-1.6x faster.
+    try:
+        libc = ctypes.CDLL('libc.so.6')
+        libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD: blocks up to 1 GiB come from the heap
+        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: give memory back only past 1 GiB free
+    except OSError:  # not glibc (musl, say): nothing to tune
+        pass
 
 
 def log(*args):
@@ -130,7 +141,8 @@ if init_from == 'resume':
     checkpoint = or_fail(load_checkpoint, ckpt_path, device, ('model', 'model_args', 'optimizer',
                                                                'step', 'best_val_loss', 'config',
                                                                'data', 'rng'))
-    saved = checkpoint['config']
+    saved = checkpoint['config']  # its schedule's length, kept (older checkpoints saved 0)
+    saved['lr_decay_iters'] = saved.get('lr_decay_iters') or saved.get('max_iters', 0)
     defaults = {f.name: f.default for f in fields(GPTConfig)}  # older checkpoints lack new keys
     for key in sorted(given - own_keys):
         old = saved.get(key, defaults.get(key))
@@ -151,7 +163,7 @@ if gradient_accumulation_steps % world_size:
          f"number of processes ({world_size})")
 accum_steps = gradient_accumulation_steps // world_size  # micro-steps on this process
 tokens_per_step = batch_size * block_size * gradient_accumulation_steps
-lr_decay_iters = lr_decay_iters or max_iters
+config['lr_decay_iters'] = lr_decay_iters = lr_decay_iters or max_iters  # saved: a resume keeps it
 log(f"tokens per step: {tokens_per_step:,} = {batch_size} batch x {block_size} block x "
     f"{gradient_accumulation_steps} micro-steps ({world_size} process{'es' * (world_size > 1)})")
 torch.manual_seed(seed)
@@ -237,13 +249,12 @@ def claim_out_dir(header):
 # -----------------------------------------------------------------------------
 # model and optimizer
 
-model = GPT(gptconf).to(device)
+model = (or_fail(build_model, checkpoint, ckpt_path) if checkpoint else GPT(gptconf)).to(device)
 optimizer = model.configure_optimizers(weight_decay, learning_rate, router_lr, (beta1, beta2),
                                        fused=device_type == 'cuda')
 base_lrs = [group['lr'] for group in optimizer.param_groups]  # the schedule scales each of these
 best_val_loss, saved_step = float('inf'), None
 if checkpoint is not None:
-    model.load_state_dict(checkpoint['model'])
     optimizer.load_state_dict(checkpoint['optimizer'])
     best_val_loss, saved_step = checkpoint['best_val_loss'], step
     # The data position means nothing in other data (older checkpoints: the path as given).

@@ -64,7 +64,11 @@ def matrix_entropy(Z, alpha=1.0):
     p = lam / lam.sum(dim=-1, keepdim=True)  # tr K is the sum of its eigenvalues
     if alpha == 1.0:
         return -torch.xlogy(p, p).sum(dim=-1)  # xlogy gives 0 log 0 = 0
-    return torch.log((p ** alpha).sum(dim=-1)) / (1.0 - alpha)
+    # log sum p^alpha = alpha log ||p||_alpha, with the norm scaled by max p: p^alpha underflows to
+    # 0 for a large alpha (and the entropy to inf), (p / max p)^alpha only where it should.
+    top = p.amax(dim=-1)
+    norm = top.log() + ((p / top.unsqueeze(-1)) ** alpha).sum(dim=-1).log() / alpha
+    return alpha / (1.0 - alpha) * norm
 
 
 def retrieval_by_source(weights):
@@ -351,6 +355,10 @@ def main(argv=None):
               for name, d in zip(names, dirs)}
     # Entropy depends on the number of tokens (it is at most log(T - 1)): use one T for all.
     T = min(model.config.block_size for model in models.values())
+    if T < 2:  # one token has no spread: every entropy would be nan
+        short = [name for name, model in models.items() if model.config.block_size < 2]
+        fail(f"{', '.join(short)}: block_size 1, but the values' entropy needs sequences of at "
+             "least 2 tokens, and all checkpoints are measured on one length: leave it out")
     idx = validation_batch(config['data_dir'], config['batch_size'], T, config['seed'])
     largest = int(idx.max())
     if largest >= min(model.config.vocab_size for model in models.values()):

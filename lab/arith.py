@@ -42,6 +42,7 @@ What the paper states, and what is chosen here where it does not:
   second is defined (and measures what was learnt by heart).
 - cot=False writes "expression=answer" with no steps, to compare with answering directly.
 """
+import glob
 import json
 import os
 import random
@@ -185,8 +186,22 @@ def split_text(name, per_ops, task):
 
 
 def run_prepare(task):
+    """The data set into out_dir, its task.json last: runs may have trained on what a directory
+    holds, so a finished set is kept and another data set refused; only the shards of an
+    interrupted prepare (no task.json yet) are replaced."""
+    task_path = os.path.join(out_dir, 'task.json')
+    shards = glob.glob(os.path.join(out_dir, '*_*_*.bin'))
+    if os.path.isfile(task_path) and read_json(task_path, 'task file') == task:
+        print(f"{out_dir} already holds this data set: kept (delete it to prepare anew)")
+        return print(f"next: python train.py config/arith.py --data_dir={out_dir}")
+    foreign = [p for p in shards if not os.path.basename(p).startswith('arith_')]
+    if os.path.lexists(task_path) or foreign:
+        fail(f"{out_dir} holds another data set, which runs may have trained on: give another "
+             "--out_dir (or delete it, and the runs that read it, to prepare anew)")
     try:
         os.makedirs(out_dir, exist_ok=True)
+        for path in shards:  # left by an interrupted prepare
+            os.remove(path)
     except OSError as e:
         fail(f"cannot write to out_dir {out_dir}: {e.strerror}")
     t0 = time.time()
@@ -194,8 +209,9 @@ def run_prepare(task):
         tokens = encode(split_text(name, per_ops, task))
         write_shard(shard_path(out_dir, 'arith', name, index), tokens)
         print(f"{name}: {len(tokens):,} tokens, {per_ops} examples per operator count")
-    with open(os.path.join(out_dir, 'task.json'), 'w') as f:
+    with open(f"{task_path}.tmp", 'w') as f:  # written whole or not at all: it marks a finished set
         json.dump(task, f, indent=1)
+    os.replace(f"{task_path}.tmp", task_path)
     print(f"wrote {out_dir} in {time.time() - t0:.0f}s; examples:\n{split_text('example', 1, task)}", end='')
     print(f"next: python train.py config/arith.py --data_dir={out_dir}")
 
@@ -206,6 +222,9 @@ def run_prepare(task):
 
 def read_task(data_dir):
     path = os.path.join(data_dir, 'task.json')
+    if not os.path.isdir(data_dir):
+        fail(f"the checkpoint's data_dir {data_dir} is not there: evaluation reads its task.json "
+             "and shards")
     task = read_json(path, 'task file', "the checkpoint was not trained on `python -m lab.arith --mode=prepare` data")
     if not isinstance(task, dict) or not {'seed', 'modulus', 'min_ops', 'max_ops', 'cot'} <= task.keys():
         fail(f"{path} is not the task.json that `python -m lab.arith --mode=prepare` writes")
@@ -273,7 +292,11 @@ def run_eval(given):
              f"{len(VOCAB)}: train it with config/arith.py")
     if 'data_dir' not in checkpoint.get('config', {}):
         fail(f"{ckpt_dir}/ckpt.pt does not say which data it was trained on: was it saved by train.py?")
-    data_dir = checkpoint['config']['data_dir']
+    # The data's real path (train.py saves it beside the data position), else the path as given:
+    # relative to the directory train.py ran in, which need not be this one.
+    given_dir = checkpoint['config']['data_dir']
+    data_dir = next((d for d in (checkpoint.get('data', {}).get('data_dir'), given_dir)
+                     if d and os.path.isdir(d)), given_dir)
     task = read_task(data_dir)
     seen = training_expressions(data_dir)
     lo = min_ops if 'min_ops' in given else task['min_ops']
@@ -282,7 +305,9 @@ def run_eval(given):
           f"(mod {task['modulus']}, cot={task['cot']}), up to {eval_per_ops} test expressions per count")
     row = '{:>9} {:>8} {:>5} {:>8} {:>8} {:>8} {:>6}'.format
     print(row('operators', 'operands', 'all', 'accuracy', 'held-out', 'accuracy', 'time'))
+    # step and best_val_loss name the checkpoint: plot.py finds them in the run's log, or refuses.
     result = {'ckpt_dir': ckpt_dir, 'router': model.config.router, 'step': checkpoint['step'],
+              'best_val_loss': checkpoint['best_val_loss'],
               'accuracy': {}, 'accuracy_all': {}, 'n': {}, 'n_held_out': {}}
     for n_ops in range(lo, hi + 1):
         t0 = time.time()
@@ -300,8 +325,13 @@ def run_eval(given):
         print(row(n_ops, n_ops + 1, len(examples), f"{share(right, examples):.1%}", len(held_out), shown,
                   f"{time.time() - t0:.1f}s"))
     print(json.dumps(result))
-    with open(os.path.join(ckpt_dir, 'arith_eval.json'), 'w') as f:  # for plot.py --mode=arith
-        f.write(json.dumps(result) + '\n')
+    path = os.path.join(ckpt_dir, 'arith_eval.json')  # for plot.py --mode=arith, written whole
+    try:
+        with open(f"{path}.tmp", 'w') as f:
+            f.write(json.dumps(result) + '\n')
+        os.replace(f"{path}.tmp", path)
+    except OSError as e:
+        fail(f"cannot write {path}: {e.strerror} (the table above is all there is)")
 
 
 def main():
@@ -310,13 +340,19 @@ def main():
         ('prepare', 'eval'): ['mode'], 'path': ['out_dir', 'ckpt_dir'], 'seed': ['seed'], 'device': ['device'],
         'positive': ['modulus', 'min_ops', 'max_ops', 'train_per_ops', 'val_per_ops', 'eval_per_ops', 'eval_batch']})
     globals().update(config)
+    other = given & {'prepare': {'ckpt_dir', 'eval_per_ops', 'eval_batch', 'device'},
+                     'eval': {'out_dir', 'seed', 'modulus', 'cot', 'train_per_ops',
+                              'val_per_ops'}}[mode]
+    if other:  # eval reads the data's settings from its task.json
+        why = "it reads the data set's task.json" if mode == 'eval' else "they are for --mode=eval"
+        fail(f"--mode={mode} has no use for {', '.join(sorted(other))}: {why}")
     if not 1 <= min_ops <= max_ops:
         fail(f"need 1 <= min_ops <= max_ops, got {min_ops} and {max_ops}")
     if modulus < 2 or any(modulus % d == 0 for d in range(2, int(modulus ** 0.5) + 1)):
         fail(f"modulus must be a prime (so that every nonzero number has an inverse), got {modulus}")
     if mode == 'prepare':
         run_prepare({'seed': seed, 'modulus': modulus, 'min_ops': min_ops, 'max_ops': max_ops, 'cot': cot,
-                     'vocab': VOCAB})
+                     'vocab': VOCAB, 'train_per_ops': train_per_ops, 'val_per_ops': val_per_ops})
     else:
         run_eval(given)
 

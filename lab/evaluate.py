@@ -34,8 +34,9 @@ In both, whitespace that ends a context moves to the start of the ending (as in 
 endings of an example go through the model in one forward, padded on the right (padding cannot
 change earlier positions' logits in a causal model); a sequence longer than block_size loses tokens
 on the left. With --shots=k, each example is preceded by k solved examples drawn from --train_file
-(for hellaswag, its training split), each its context, the joining space and its right ending, all
-joined by blank lines (the harness's few-shot format; its draws are not reproduced).
+(for hellaswag, its training split; never one with the example's own context), each its context,
+the joining space and its right ending, all joined by blank lines (the harness's few-shot format;
+its draws are not reproduced). An ending must hold some text: an empty one would win.
 
 Bits per byte: the loss in nats summed over the validation shard's tokens, over ln 2 times the UTF-8
 bytes those tokens decode to, so that models with different tokenizers compare. <|endoftext|> marks a
@@ -153,6 +154,9 @@ def read_examples(path, protocol='build-nanogpt'):
         if hellaswag and protocol == 'harness':
             context = harness_query(record, f"{path}:{n}")
             endings = [preprocess(ending) for ending in endings]
+        empty = [k for k, ending in enumerate(endings) if not ending.strip()]
+        if empty:  # it would be scored on no token of its own, or on a space, and win every time
+            fail(f"{path}:{n}: ending {empty[0]} holds no text to score")
         examples.append((context, endings, label))
     if not examples:
         fail(f"{path} holds no examples")
@@ -176,11 +180,16 @@ def split_at_whitespace(context, ending, protocol='build-nanogpt'):
 
 
 def with_shots(examples, solved, k, seed, protocol='build-nanogpt'):
-    """Each example's context preceded by k solved examples drawn from solved, joined by blank lines."""
+    """Each example's context after k solved examples drawn from solved, joined by blank lines;
+    never one of the same context (solved may be the task itself), which would show its answer."""
     rng = random.Random(seed)
     out = []
     for context, endings, label in examples:
         drawn = rng.sample(solved, k)
+        if any(shot[0] == context for shot in drawn):  # draw again, one more, and leave it out
+            drawn = [s for s in rng.sample(solved, min(k + 1, len(solved))) if s[0] != context][:k]
+            if len(drawn) < k:
+                fail(f"--shots={k}: too few solved examples other than the one being scored")
         prefix = ''.join(c + continuation(c, e[l], protocol) + '\n\n' for c, e, l in drawn)
         out.append((prefix + context, endings, label))
     return out
@@ -328,6 +337,8 @@ def main():
         fail("nothing to evaluate: give --task, --data_dir, or both")
     if shots and task != 'hellaswag' and not train_file:
         fail(f"--shots={shots} needs --train_file, a task file of solved examples to draw them from")
+    if train_file and not shots:
+        fail("--train_file is where --shots draws solved examples from: give --shots too")
     paths = (task_file(task), task_file(train_file or task, 'train') if shots else None) if task else None
 
     or_fail(use_fused_kernels, fused, device)
@@ -349,8 +360,9 @@ def main():
         examples = read_examples(paths[0], protocol)[:max_examples or None]
         if shots:
             solved = read_examples(paths[1], protocol)
-            if len(solved) < shots:
-                fail(f"--shots={shots}, but {paths[1]} holds only {len(solved)} examples")
+            if len(solved) < shots + (paths[1] == paths[0]):
+                fail(f"--shots={shots}, but {paths[1]} holds only {len(solved)} examples"
+                     + (" (one of them the example scored)" if paths[1] == paths[0] else ""))
             examples = with_shots(examples, solved, shots, seed, protocol)
         encoded = [encode_example(enc, example, block_size, protocol) for example in examples]
         if compile:

@@ -11,13 +11,20 @@ count and FLOPs per token), then one JSON record per logged or evaluated step. T
 read the arith_eval.json that `python -m lab.arith --mode=eval` writes beside the checkpoint. --runs takes
 directories or shell patterns, separated by commas.
 
-Runs that differ only in their seed are one setting (same router and depth): the loss curves keep a
-line per run, one colour per setting; the arith figures draw each setting's mean with a band from
-its worst to its best seed, and the tables give mean ± standard deviation over the seeds.
+Runs that differ only in their seed are one setting: the loss curves keep a line per run, one colour
+per setting; the arith figures draw each setting's mean with a band from its worst to its best seed,
+and the tables give mean ± standard deviation over the seeds. A setting is named by its router and
+by every setting in which the runs given differ (say `static lr=0.003`), so runs that differ in
+more than the seed are never averaged together. What does not change the numbers (where the run
+lives, the device, compile, how often it logs) does not count. An arith_eval.json is drawn only if
+it scored the checkpoint that the run's log ends with; a run's training FLOPs add up its steps at
+each one's own tokens per step (a resume may change the batch).
 matplotlib is optional for the rest of the repo, but needed here (pip install matplotlib); without
 it the tables still print.
 """
 import glob
+import json
+import math
 import os
 import statistics
 
@@ -43,6 +50,11 @@ n_ops = 6  # depth mode: the operator count whose accuracy is drawn (the paper's
 # -----------------------------------------------------------------------------
 DEFAULT_OUT = {'curves': 'figures/loss_curves.png', 'arith': 'figures/arith_accuracy.png',
                'depth': 'figures/arith_depth.png'}
+# Keys of train.py that do not change what a run computes: not part of a setting.
+NOT_A_SETTING = {'seed', 'out_dir', 'init_from', 'overwrite', 'device', 'compile', 'fused',
+                 'peak_flops', 'log_interval', 'eval_interval', 'always_save_checkpoint', 'mc_task',
+                 'mc_interval', 'mc_examples'}
+SHORT = {'learning_rate': 'lr', 'gradient_accumulation_steps': 'accum'}  # in settings' names
 COLORS = {'none': 'tab:gray', 'static': 'tab:blue', 'dynamic': 'tab:orange'}  # the rest: matplotlib's cycle
 
 
@@ -59,43 +71,133 @@ def run_dirs(spec):
     return dirs
 
 
+def number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check(ok, path, what):
+    """One line, naming the file, for a value plot.py cannot use (a file edited by hand, say)."""
+    if not ok:
+        fail(f"{path}: {what}: not as train.py and lab/arith.py write it")
+
+
 def read_log(run):
-    """(the run's record, its step records) from run/log.txt."""
+    """(the run's record, its step records) from run/log.txt, each checked for what plot.py uses."""
     path = os.path.join(run, 'log.txt')
     records = read_json(path, 'log', lines=True)  # train.py's log.txt
-    if not records or 'config' not in records[0]:
+    if not records or not isinstance(records[0], dict) or 'config' not in records[0]:
         fail(f"{path} does not open with the run's record (train.py writes one since plot.py exists): "
              "train the run again to plot it")
-    return records[0], records[1:]
+    header, config = records[0], records[0]['config']
+    check(isinstance(config, dict) and number(header.get('flops_per_token'))
+          and number(header.get('params')), path,
+          "its first line's config, params or flops_per_token")
+    ints = ('seed', 'n_layer', 'batch_size', 'block_size', 'gradient_accumulation_steps')
+    check(isinstance(config.get('router'), str) and all(type(config.get(k)) is int for k in ints),
+          path, f"its config's router or {', '.join(ints)}")
+    for n, record in enumerate(records[1:], 2):
+        check(isinstance(record, dict) and type(record.get('step')) is int
+              and all(number(v) for k, v in record.items() if k != 'step'), path,
+              f"record {n} (a step's numbers)")
+    return header, records[1:]
 
 
-def read_eval(run):
-    """run/arith_eval.json: accuracy per operator count, keys turned back into ints."""
+def read_eval(run, records):
+    """run/arith_eval.json: accuracy per operator count, keys turned back into ints. It must have
+    scored the checkpoint the run's log ends with: its step, and the best validation loss up to it
+    (the checkpoint's), are in the log, and no later evaluation (whose checkpoint replaced it)."""
     path = os.path.join(run, 'arith_eval.json')
-    result = read_json(path, 'evaluation', f"run `python -m lab.arith --mode=eval --ckpt_dir={run}` first")
+    again = f"python -m lab.arith --mode=eval --ckpt_dir={run}"
+    result = read_json(path, 'evaluation', f"run `{again}` first")
+    check(isinstance(result, dict) and isinstance(result.get('accuracy'), dict)
+          and isinstance(result.get('accuracy_all'), dict)
+          and all(k.isdigit() and (number(v) or v is None and number(result['accuracy_all'].get(k)))
+                  for k, v in result['accuracy'].items()), path, "its accuracy per operator count")
+    step, best = result.get('step'), result.get('best_val_loss')
+    vals = [(r['step'], r['val_loss']) for r in records if 'val_loss' in r]
+    always = read_log(run)[0]['config'].get('always_save_checkpoint', True)
+    if not (type(step) is int and number(best) and any(s == step for s, _ in vals)
+            and min((v for s, v in vals if 0 < s <= step), default=None) == best
+            and not (always and any(s > step and math.isfinite(v) for s, v in vals))):
+        fail(f"{path} scored another checkpoint than the one {run}/log.txt ends with (left by an "
+             f"earlier run, or by an older arith.py?): run `{again}` again")
     # Held-out accuracy is the paper's measure; where every expression is in training (1 operator)
     # there is none, and accuracy over all of them is what there is.
     return {int(k): v if v is not None else result['accuracy_all'][k] for k, v in result['accuracy'].items()}
 
 
-def setting(config, depth):
-    """A run's setting, the name its seeds share: the router, and the depth where depths differ."""
-    name = config['router'] + (f"-hc{config['hyper_connections']}" if config.get('hyper_connections') else '')
-    return f"{name} {config['n_layer']}L" if depth else name
+def setting_keys(configs):
+    """The keys of train.py whose values differ among configs: what a setting's name shows."""
+    keys = sorted({k for config in configs for k in config} - NOT_A_SETTING)
+    return [k for k in keys if len({json.dumps(c.get(k)) for c in configs}) > 1]
 
 
-def by_setting(runs, depth):
-    """{setting: [run dir, ...]} in the order the settings first appear."""
-    configs = {run: read_log(run)[0]['config'] for run in runs}
-    depth = depth or len({c['n_layer'] for c in configs.values()}) > 1
-    groups = {}
+def setting(config, differ, depth_axis):
+    """A run's setting, the name its seeds share: the router (with hyper-connections), then each
+    key in differ, but for n_layer where depth is an axis of its own."""
+    hc = config.get('hyper_connections')
+    name = config['router'] + (f"-hc{hc}" if hc else '')
+    if 'n_layer' in differ and not depth_axis:
+        name += f" {config['n_layer']}L"
+    for key in differ:
+        if key not in ('router', 'hyper_connections', 'n_layer'):
+            name += f" {SHORT.get(key, key)}={config.get(key)}"
+    return name
+
+
+def by_setting(runs, depth_axis):
+    """{setting: [run dir, ...]} in the order the settings first appear; and each run's config. A
+    setting (at one depth) is never two runs of one seed (the same run twice, copied?)."""
+    configs = {}
+    for run in runs:
+        config = dict(read_log(run)[0]['config'])
+        # train.py saves 0 as what it means (max_iters) now, as older logs do not
+        config['lr_decay_iters'] = config.get('lr_decay_iters') or config.get('max_iters')
+        configs[run] = config
+    differ = setting_keys(list(configs.values()))
+    groups, seeds = {}, {}
     for run, config in configs.items():
-        groups.setdefault(setting(config, depth), []).append(run)
+        name = setting(config, differ, depth_axis)
+        key = name, config['n_layer'], config['seed']
+        if key in seeds:
+            fail(f"{seeds[key]} and {run} are the same setting with the same seed "
+                 f"({config['seed']}): the same run twice? Give one of them")
+        seeds[key] = run
+        groups.setdefault(name, []).append(run)
     return groups, configs
+
+
+def flops_by_step(header, records):
+    """A run's training FLOPs after a given step: its FLOPs per token times the tokens trained on
+    so far. Each log record's tokens per step is its tokens/s times its s/step (a resume with
+    another batch size changes it), counted over the steps since the record before; the run's
+    record gives it where a record lacks those, and the last one's holds past the last record."""
+    c = header['config']
+    per_step = c['batch_size'] * c['block_size'] * c['gradient_accumulation_steps']
+    steps, tokens = [0], [0.0]
+    for r in records:
+        if 'train_loss' in r and r['step'] > steps[-1]:
+            logged = r.get('tokens_per_sec', math.nan) * r.get('ms_per_step', math.nan) / 1000
+            per_step = round(logged) if math.isfinite(logged) and logged > 0 else per_step
+            tokens.append(tokens[-1] + per_step * (r['step'] - steps[-1]))
+            steps.append(r['step'])
+
+    def flops(step):
+        past = max(0, step - steps[-1]) * per_step
+        return header['flops_per_token'] * (float(np.interp(step, steps, tokens)) + past)
+    return flops
 
 
 def mean_std(values):
     return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def seeds_cell(points):
+    """Mean ± std of the seeds' (step, last val loss), if they ended at one step; else the steps."""
+    steps = sorted({step for step, _ in points})
+    if len(steps) > 1:
+        return f"- (the seeds ended at steps {', '.join(map(str, steps))})"
+    return '{:.4f} ± {:.4f}'.format(*mean_std([v for _, v in points])) + f" (step {steps[0]})"
 
 
 def markdown(header, rows):
@@ -113,19 +215,18 @@ def color(name, i):
 
 def plot_curves(runs):
     """Train and validation loss against step (top) and against training FLOPs (bottom)."""
-    groups, _ = by_setting(runs, depth=False)
+    groups, _ = by_setting(runs, depth_axis=False)
     rows, series, last_val = [], [], {}
     for i, (name, members) in enumerate(groups.items()):
         for j, run in enumerate(members):
             header, records = read_log(run)
             c = header['config']
-            flops_per_step = header['flops_per_token'] * c['batch_size'] * c['block_size'] * c[
-                'gradient_accumulation_steps']
+            flops = flops_by_step(header, records)
             label = f"{name} seed {c['seed']}" if len(members) > 1 else name
             train = [(r['step'], r['train_loss']) for r in records if 'train_loss' in r]
             val = [(r['step'], r['val_loss']) for r in records if 'val_loss' in r]
             style = ('-', '--', ':', '-.')[j % 4]  # a setting's seeds: one colour, a dash pattern each
-            series.append((label, color(name, i), style, flops_per_step, train, val))
+            series.append((label, color(name, i), style, flops, train, val))
             last = f"{val[-1][1]:.4f} (step {val[-1][0]})" if val else '-'
             last_val.setdefault(name, []).extend(val[-1:])
             rows.append([label, run, f"{header['params'] / 1e6:.2f}M", last,
@@ -133,17 +234,17 @@ def plot_curves(runs):
     print(markdown(['run', 'out_dir', 'parameters', 'last val loss', 'best val loss'], rows))
     if any(len(members) > 1 for members in groups.values()):  # and over each setting's seeds
         print('\n' + markdown(['setting', 'seeds', 'last val loss, mean ± std'], [
-            [name, str(len(points)), '{:.4f} ± {:.4f}'.format(*mean_std([v for _, v in points]))]
+            [name, str(len(points)), seeds_cell(points)]
             for name, points in last_val.items() if points]))
     if plt is None:
         return None
     fig, axes = plt.subplots(2, 2, figsize=(9, 6.3), sharey='col')
-    for label, c, style, flops_per_step, train, val in series:
+    for label, c, style, flops, train, val in series:
         for col, points in enumerate((train, val)):
             if points:
                 steps, losses = zip(*points)
                 axes[0, col].plot(steps, losses, color=c, linestyle=style, label=label, alpha=0.85)
-                axes[1, col].plot([s * flops_per_step for s in steps], losses, color=c, linestyle=style,
+                axes[1, col].plot([flops(s) for s in steps], losses, color=c, linestyle=style,
                                   alpha=0.85)
     for col, what in enumerate(('train loss', 'validation loss')):
         axes[0, col].set(title=what, xlabel='step', ylabel='loss')
@@ -154,8 +255,9 @@ def plot_curves(runs):
 
 def plot_arith(runs):
     """Exact-match accuracy against the number of operators, a line per setting."""
-    groups, _ = by_setting(runs, depth=False)
-    accuracy = {name: [read_eval(run) for run in members] for name, members in groups.items()}
+    groups, _ = by_setting(runs, depth_axis=False)
+    accuracy = {name: [read_eval(run, read_log(run)[1]) for run in members]
+                for name, members in groups.items()}
     counts = sorted({k for results in accuracy.values() for result in results for k in result})
     rows = []
     for k in counts:
@@ -181,15 +283,15 @@ def plot_arith(runs):
 
 def plot_depth(runs, k):
     """Accuracy at k operators against the number of layers, a line per router."""
-    groups, configs = by_setting(runs, depth=True)
-    points = {}  # router -> {n_layer: [accuracy of each seed]}
-    for members in groups.values():
+    groups, configs = by_setting(runs, depth_axis=True)
+    points = {}  # setting -> {n_layer: [accuracy of each seed]}
+    for name, members in groups.items():
         for run in members:
-            result = read_eval(run)
+            result = read_eval(run, read_log(run)[1])
             if k not in result:
                 fail(f"{run}/arith_eval.json has no {k}-operator accuracy (choose --n_ops among {sorted(result)})")
-            points.setdefault(setting(configs[run], False), {}).setdefault(
-                configs[run]['n_layer'], []).append(100 * result[k])
+            by_depth = points.setdefault(name, {})
+            by_depth.setdefault(configs[run]['n_layer'], []).append(100 * result[k])
     depths = sorted({d for by_depth in points.values() for d in by_depth})
     def cell(seeds):
         return '{:.1f} ± {:.1f}'.format(*mean_std(seeds)) + f" ({len(seeds)})" if seeds else '-'
@@ -229,6 +331,9 @@ def main(argv=None):
 
 def save(fig, path, dpi=120):
     """Write fig to path (making its directory), or one line saying why it cannot be written."""
+    kinds = fig.canvas.get_supported_filetypes()  # matplotlib's: png, pdf, svg, ...
+    if os.path.isdir(path) or os.path.splitext(path)[1][1:].lower() not in kinds:
+        fail(f"cannot write {path}: name a file ending in .png (or .{', .'.join(sorted(kinds))})")
     try:
         os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
         fig.tight_layout()

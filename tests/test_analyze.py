@@ -237,6 +237,23 @@ def test_missing_checkpoint_or_validation_shard_stops_with_one_line(checkpoints,
         analyze.main([f'--out_dirs={out_dirs}', f'--data_dir={tmp_path}', '--device=cpu'])
 
 
+def test_a_checkpoint_of_block_size_1_is_named_not_measured_as_nan(checkpoints, tmp_path):
+    data_dir, out_dirs = checkpoints
+    config = GPTConfig(block_size=1, vocab_size=128, n_layer=2, n_head=2, n_embd=32)
+    save_checkpoint(tmp_path / 'one', config, GPT(config), 1, 5.0)
+    with pytest.raises(SystemExit, match=r'^error: one: block_size 1, but the values. entropy'):
+        analyze.main([f'--out_dirs={out_dirs},{tmp_path / "one"}', f'--data_dir={data_dir}',
+                      '--device=cpu', '--probe=False'])
+
+
+def test_entropy_of_a_large_order_is_the_min_entropy_not_inf():
+    Z = random_tokens(16, 8, rank=5)
+    lam = torch.linalg.svdvals((Z - Z.mean(0)) / Z.std(0, correction=0).double()) ** 2
+    min_entropy = -math.log((lam / lam.sum()).max().item())
+    assert matrix_entropy(Z, 1e308).item() == pytest.approx(min_entropy, rel=1e-6)
+    assert matrix_entropy(Z, 1e4).item() == pytest.approx(min_entropy, rel=1e-3)
+
+
 # -----------------------------------------------------------------------------
 # the linear probe
 

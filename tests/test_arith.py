@@ -15,16 +15,17 @@ import numpy as np
 import pytest
 import torch
 
-from lab import arith
+from lab import arith, plot
 from prepare import read_shard
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: scripts run from there
 
 
-def run(script, *args):
+def run(script, *args, cwd=ROOT):
     # One thread: the models here are tiny, and on a busy machine a second thread mostly waits for a core.
     result = subprocess.run([sys.executable, '-m', script[:-3].replace('/', '.'), *args], capture_output=True,
-                            text=True, cwd=ROOT, timeout=300, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+                            text=True, cwd=cwd, timeout=300,
+                            env={**os.environ, 'OMP_NUM_THREADS': '1', 'PYTHONPATH': ROOT})
     assert result.returncode == 0, f"{script} failed:\n{result.stdout}\n{result.stderr}"
     return result.stdout
 
@@ -139,6 +140,20 @@ def test_prepare_writes_shards_read_shard_accepts_with_tokens_in_the_vocabulary(
             assert python_value(expression, 11) == int(steps[-1]), line
 
 
+def test_prepare_again_keeps_the_data_set_and_refuses_to_replace_it(data_dir, monkeypatch, capsys):
+    # Runs may have trained on it: the same settings keep it, others are refused, nothing changes.
+    shards = {name: read_shard(os.path.join(data_dir, name)).tobytes()
+              for name in ('arith_val_000000.bin', 'arith_train_000001.bin')}
+    with open(os.path.join(data_dir, 'task.json')) as f:
+        task = json.load(f)
+    monkeypatch.setattr(arith, 'out_dir', data_dir)
+    arith.run_prepare(task)
+    assert 'already holds this data set: kept' in capsys.readouterr().out
+    with pytest.raises(SystemExit, match='^error: .* holds another data set, which runs may have'):
+        arith.run_prepare({**task, 'seed': 7})
+    assert {name: read_shard(os.path.join(data_dir, name)).tobytes() for name in shards} == shards
+
+
 def test_same_seed_gives_the_same_data_and_another_seed_other_data(data_dir, tmp_path):
     prepare(tmp_path / 'same')
     prepare(tmp_path / 'other', '--seed=7')
@@ -203,9 +218,12 @@ def test_exact_match_keeps_only_solutions_that_end_with_the_right_answer(batch):
 
 def test_end_to_end_prepare_train_and_evaluate(data_dir, tmp_path):
     out = tmp_path / 'out'
-    run('train.py', 'config/arith.py', f'--data_dir={data_dir}', f'--out_dir={out}',
-        f'--vocab_size={len(arith.VOCAB)}', '--device=cpu', '--block_size=128', '--batch_size=4',
-        '--max_iters=20', '--eval_interval=20', '--eval_iters=1', '--log_interval=10', '--warmup_iters=2')
+    # Trained with the data's path relative to where train.py ran: eval, run elsewhere, finds it.
+    run('train.py', os.path.join(ROOT, 'config/arith.py'), f'--out_dir={out}',
+        f'--data_dir={os.path.basename(data_dir)}', f'--vocab_size={len(arith.VOCAB)}',
+        '--device=cpu', '--block_size=128', '--batch_size=4', '--max_iters=20',
+        '--eval_interval=20', '--eval_iters=1', '--log_interval=10', '--warmup_iters=2',
+        cwd=os.path.dirname(data_dir))
     stdout = run('lab/arith.py', '--mode=eval', f'--ckpt_dir={out}', '--eval_per_ops=10', '--device=cpu')
     lines = stdout.strip().splitlines()
     assert any(line.split()[:2] == ['operators', 'operands'] for line in lines), stdout
@@ -216,3 +234,5 @@ def test_end_to_end_prepare_train_and_evaluate(data_dir, tmp_path):
         assert result['n'][n_ops] == 10 and 0.0 <= accuracy <= 1.0, result
         held_out = result['n_held_out'][n_ops]
         assert (result['accuracy'][n_ops] is None) == (held_out == 0) and held_out <= 10, result
+    # plot.py draws it: it scored the checkpoint that the run's log ends with.
+    assert set(plot.read_eval(str(out), plot.read_log(str(out))[1])) == {1, 2, 3}

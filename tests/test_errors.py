@@ -12,9 +12,12 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
+import struct
 import subprocess
 import sys
+import zipfile
 
 import pytest
 import torch
@@ -76,6 +79,30 @@ def root(tmp_path_factory):
     prepare.write_shard(files / 'short' / 'x_val_000000.bin', val)
     for i in (1, 2):
         prepare.write_shard(files / 'short' / f'x_train_00000{i}.bin', val[:100])
+    (files / 'empty_ending.jsonl').write_text(good + good.replace('"c"', '""'))
+    # The trained run's checkpoint: a flipped bit in a weight, a missing weight, a setting of
+    # another lime.py; and moved beside data that changed since (other data's shard sorts first).
+    changed = files / 'changed'
+    checkpoint = torch.load(root / 'run' / 'ckpt.pt', weights_only=False)
+    for name, change in [('missing', lambda c: c['model'].pop('blocks.1.attn_norm.weight')),
+                         ('newer', lambda c: c['model_args'].update(n_experts=8)),
+                         ('moved', lambda c: c['data'].update(data_dir=str(changed.resolve()))),
+                         ('flipped', lambda c: None)]:
+        copy = {**checkpoint, **{k: dict(checkpoint[k]) for k in ('model', 'model_args', 'data')}}
+        change(copy)
+        (files / name).mkdir()
+        torch.save(copy, files / name / 'ckpt.pt')
+    with zipfile.ZipFile(files / 'flipped' / 'ckpt.pt') as archive:
+        weight = max(archive.infolist(), key=lambda info: info.file_size)  # the embedding
+    with open(files / 'flipped' / 'ckpt.pt', 'r+b') as f:  # one bit, 100 bytes into its data
+        f.seek(weight.header_offset + 26)
+        name_length, extra_length = struct.unpack('<HH', f.read(4))  # of the local file header
+        f.seek(name_length + extra_length + 100, 1)
+        byte = f.read(1)[0]
+        f.seek(-1, 1)
+        f.write(bytes([byte ^ 0x10]))
+    shutil.copytree(root / 'data', changed)
+    shutil.copy(changed / 'pydoc_train_000001.bin', changed / 'arith_train_000001.bin')
     return root
 
 
@@ -182,6 +209,32 @@ CASES = [
     case('resume-contradicts-the-model', 'train.py',
          '--out_dir={run} --init_from=resume --device=cpu --block_size=64',
          "--block_size=64 contradicts the checkpoint's 32"),
+    case('resume-flipped-bit', 'train.py',
+         '--out_dir={files}/flipped --init_from=resume --device=cpu', 'fails its checksum'),
+    case('evaluate-flipped-bit', 'lab/evaluate.py',
+         '--out_dir={files}/flipped --task= --data_dir={data}', 'fails its checksum'),
+    case('resume-missing-weight', 'train.py', '--out_dir={files}/missing --init_from=resume '
+         '--device=cpu', 'Missing key(s) in state_dict: "blocks.1.attn_norm.weight"'),
+    case('resume-another-lime', 'train.py', '--out_dir={files}/newer --init_from=resume '
+         '--device=cpu', 'its model has n_experts: saved by another lime.py'),
+    case('resume-on-changed-data', 'train.py', '--out_dir={files}/moved --init_from=resume '
+         '--device=cpu --data_dir={files}/changed', 'changed since the checkpoint'),
+    case('resume-with-a-task-that-cannot-be-scored', 'train.py',
+         '--out_dir={run} --init_from=resume --device=cpu --max_iters=6 '
+         '--mc_task={files}/empty_ending.jsonl --mc_interval=2',
+         'empty_ending.jsonl:2: ending 1 holds no text to score'),
+    case('evaluate-empty-ending', 'lab/evaluate.py',
+         '--out_dir={run} --task={files}/empty_ending.jsonl',
+         'empty_ending.jsonl:2: ending 1 holds no text to score'),
+    case('evaluate-train-file-without-shots', 'lab/evaluate.py', '--out_dir={run} '
+         '--task={files}/bad_label.jsonl --train_file={files}/bad_label.jsonl',
+         '--train_file is where --shots draws'),
+    case('arith-prepare-into-text-data', 'lab/arith.py', '--mode=prepare --out_dir={data}',
+         'holds another data set'),
+    case('arith-eval-of-a-data-setting', 'lab/arith.py',
+         '--mode=eval --ckpt_dir={run} --modulus=13', 'has no use for modulus'),
+    case('prepare-into-another-data-set', 'prepare.py', '--out_dir {files}/short',
+         'holds other shards'),
     case('nan-before-any-checkpoint', 'train.py', '{tiny} --data_dir={data} --out_dir={scratch}/nan '
          '--learning_rate=1e30 --router_lr=1e30 --min_lr=0 --grad_clip=0 --max_iters=50',
          'No checkpoint was saved before it', alone=True),

@@ -87,6 +87,17 @@ def test_one_shot_puts_a_solved_example_first(trained):
         assert shot == [('C y\n\nQ', ['a', 'b'], 0)]
 
 
+def test_shots_drawn_from_the_task_itself_never_show_an_example_its_own_answer():
+    task = [(f'Q{i}', ['a', 'b'], i % 2) for i in range(6)]
+    for seed in range(20):
+        for k in (1, 5):  # 5: every other example, its own left out
+            shots = evaluate.with_shots(task, task, k, seed)
+            for (context, _, _), (shown, _, _) in zip(task, shots):
+                assert shown.endswith(context) and f'{context} ' not in shown, (seed, k, shown)
+    with pytest.raises(SystemExit, match='too few solved examples other than the one being scored'):
+        evaluate.with_shots(task, task, 6, 0)
+
+
 def test_padding_and_batching_give_the_scores_of_one_ending_at_a_time():
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=8, vocab_size=50257,

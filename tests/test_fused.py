@@ -208,7 +208,8 @@ def test_train_py_with_fused_kernels_logs_the_same_losses_as_the_plain_mix(tmp_p
               '--router=static', '--eval_interval=2', f'--data_dir={data}']
     losses = {}
     for name, args in [('plain', ['--fused=False', '--max_iters=3']), ('fused', ['--fused=True', '--max_iters=3']),
-                       ('switched', ['--fused=True', '--max_iters=2'])]:
+                       # the first 2 steps of a 3-step run: its schedule ends at 3 (a resume keeps it)
+                       ('switched', ['--fused=True', '--max_iters=2', '--lr_decay_iters=3'])]:
         out = tmp_path / name
         cmd = [sys.executable, os.path.join(root, 'train.py'), *common, *args, f'--out_dir={out}']
         result = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=300)

@@ -29,21 +29,24 @@ def plot(*args, matplotlib=True, check=True):
     return result
 
 
-def fake_run(path, router, seed, n_layer=4, accuracy=None, final_val=2.0):
+def fake_run(path, router, seed, n_layer=4, accuracy=None, final_val=2.0, **settings):
     """An out_dir as train.py (and arith.py, given accuracy {n_ops: share}) would leave it."""
     os.makedirs(path)
     config = {'router': router, 'seed': seed, 'n_layer': n_layer, 'batch_size': 2, 'block_size': 8,
-              'gradient_accumulation_steps': 1, 'hyper_connections': 0}
+              'gradient_accumulation_steps': 1, 'hyper_connections': 0, 'out_dir': str(path),
+              **settings}
     records = [{'config': config, 'params': 1000, 'flops_per_token': 6000}]
     for step in range(0, 101, 10):
-        records.append({'step': step, 'train_loss': 3.0 - step / 100, 'lr': 1e-3})
+        records.append({'step': step, 'train_loss': 3.0 - step / 100, 'lr': 1e-3,
+                        'ms_per_step': 100.0, 'tokens_per_sec': 160.0})  # 2 x 8 tokens a step
         if step % 50 == 0:
             records.append({'step': step, 'val_loss': final_val + 1 - step / 100, 'val_bpb': 1.0})
     with open(os.path.join(path, 'log.txt'), 'w') as f:
         f.writelines(json.dumps(r) + '\n' for r in records)
-    if accuracy is not None:
+    if accuracy is not None:  # of the checkpoint at step 100: its best val loss is the last
         result = {'router': router, 'accuracy': {str(k): v for k, v in accuracy.items()},
-                  'accuracy_all': {str(k): 0.99 for k in accuracy}}
+                  'accuracy_all': {str(k): 0.99 for k in accuracy}, 'step': 100,
+                  'best_val_loss': records[-1]['val_loss']}
         with open(os.path.join(path, 'arith_eval.json'), 'w') as f:
             f.write(json.dumps(result) + '\n')
     return str(path)
@@ -68,7 +71,7 @@ def test_loss_curves_are_drawn_with_a_row_per_run(runs, tmp_path):
     assert [row.split(' | ')[0] for row in rows] == ['| none seed 1', '| none seed 2', '| static seed 1',
                                                      '| static seed 2']
     assert '2.1000 (step 100)' in rows[0] and '2.2000 (step 100)' in rows[1]  # the last val loss
-    assert '| none | 2 | 2.1500 ± 0.0707 |' in result.stdout, result.stdout  # mean ± std over the seeds
+    assert '| none | 2 | 2.1500 ± 0.0707 (step 100) |' in result.stdout, result.stdout  # seeds'
     with open(tmp_path / 'curves.png', 'rb') as f:
         assert f.read(8) == b'\x89PNG\r\n\x1a\n'
 
@@ -116,6 +119,76 @@ def test_bad_runs_give_one_clear_line(runs, tmp_path):
         assert '\n' not in str(stop.value)
 
 
+def test_runs_that_differ_in_more_than_the_seed_are_named_so_never_averaged(tmp_path, capsys):
+    # Three static runs of seed 1337 with other learning rates and widths: three settings, each
+    # named by what differs, and no mean over them. Where they live (out_dir) does not count.
+    runs = [fake_run(tmp_path / f'r{i}', 'static', 1337, learning_rate=lr, n_embd=width)
+            for i, (lr, width) in enumerate([(1e-3, 64), (3e-3, 64), (1e-3, 128)])]
+    plot_py.plot_curves(runs)
+    rows = [line.split(' | ')[0] for line in capsys.readouterr().out.splitlines() if '/r' in line]
+    assert rows == ['| static lr=0.001 n_embd=64', '| static lr=0.003 n_embd=64',
+                    '| static lr=0.001 n_embd=128'], rows
+    # The same setting and seed twice (a copied run) is not two seeds.
+    copy = fake_run(tmp_path / 'copy', 'static', 1337, learning_rate=1e-3, n_embd=64)
+    with pytest.raises(SystemExit, match=r'^error: .*r0 and .*copy are the same setting with'):
+        plot_py.plot_curves(runs + [copy])
+
+
+def test_an_evaluation_of_another_checkpoint_is_refused(runs, tmp_path):
+    run = runs['static', 1, 4]
+    path = os.path.join(run, 'arith_eval.json')
+    good = json.loads(open(path).read())
+    for changed in ({'best_val_loss': 2.5},  # left by an earlier run in this out_dir
+                    {'step': 50},  # a checkpoint that later evaluations replaced
+                    {'step': None, 'best_val_loss': None}):  # an older arith.py's: unknown
+        with open(path, 'w') as f:
+            f.write(json.dumps({**good, **changed}))
+        with pytest.raises(SystemExit, match=r'^error: .*arith_eval.json scored another'):
+            plot_py.read_eval(run, plot_py.read_log(run)[1])
+    with open(path, 'w') as f:
+        f.write(json.dumps(good))
+    assert plot_py.read_eval(run, plot_py.read_log(run)[1])[6] == 0.5
+
+
+def test_training_flops_count_each_steps_own_batch_after_a_resume():
+    # 10 steps of 16 tokens, then a resume at step 10 with twice the batch: 32 tokens a step.
+    header = {'config': {'batch_size': 4, 'block_size': 8, 'gradient_accumulation_steps': 1},
+              'flops_per_token': 6}  # the resumed run's record: its batch of 4 x 8
+    records = [{'step': s, 'train_loss': 1.0, 'ms_per_step': 100.0, 'tokens_per_sec': 160.0}
+               for s in (5, 10)]
+    records += [{'step': s, 'train_loss': 1.0, 'ms_per_step': 200.0, 'tokens_per_sec': 160.0}
+                for s in (15, 20)]
+    flops = plot_py.flops_by_step(header, records)
+    assert [flops(s) for s in (0, 10, 20, 25)] == [0, 6 * 160, 6 * (160 + 320), 6 * (160 + 480)]
+
+
+def test_a_log_cut_short_or_edited_by_hand_gives_a_note_or_one_line(runs, tmp_path, capsys):
+    run = runs['none', 1, 4]
+    log = os.path.join(run, 'log.txt')
+    whole = open(log).read()
+    with open(log, 'a') as f:  # a run killed while writing a line
+        f.write('{"step": 110, "train')
+    assert plot_py.read_log(run)[1][-1]['step'] == 100
+    assert 'log.txt:16: the last line is cut short' in capsys.readouterr().err
+    for text, message in [(whole.replace('"step": 50', '"step": "50"', 1), 'record 8'),
+                          (whole.replace('"batch_size": 2', '"batch_size": "x"'), 'batch_size'),
+                          (whole.replace('"step": 50', '"step": [', 1), 'log.txt:8: not JSON')]:
+        with open(log, 'w') as f:
+            f.write(text)
+        with pytest.raises(SystemExit) as stop:
+            plot_py.main([f'--runs={run}'])
+        assert str(stop.value).startswith('error:') and message in str(stop.value), str(stop.value)
+        assert '\n' not in str(stop.value)
+
+
+@pytest.mark.skipif(not HAVE_MATPLOTLIB, reason='matplotlib is not installed')
+def test_out_must_name_an_image_file(runs, tmp_path):
+    for out in (tmp_path, tmp_path / 'curves.txt', tmp_path / 'curves'):
+        with pytest.raises(SystemExit, match='^error: cannot write .*name a file ending in .png'):
+            plot_py.main([f"--runs={runs['none', 1, 4]}", f'--out={out}'])
+    assert not list(tmp_path.glob('curves*'))
+
+
 def test_compare_sh_trains_each_router_and_draws_their_curves(tmp_path):
     """The small-text preset, end to end at a tiny shape: prepare.py on a file, then compare.sh."""
     text = tmp_path / 'text.jsonl'
@@ -131,8 +204,14 @@ def test_compare_sh_trains_each_router_and_draws_their_curves(tmp_path):
     tiny = ['--device=cpu', '--compile=False', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32',
             '--batch_size=2', '--max_iters=4', '--eval_interval=2', '--eval_iters=1', '--warmup_iters=1',
             f'--data_dir={data}', f'--out_dir={out}']
-    result = subprocess.run(['bash', 'lab/compare.sh', 'config/small_text.py', *tiny], capture_output=True, text=True,
-                            cwd=ROOT, env=env, timeout=300)
+    # An interrupted comparison: none trained, static and dynamic never started. --init_from=resume
+    # (the README's recovery) resumes none (nothing left to train) and starts the other two.
+    subprocess.run([sys.executable, 'train.py', 'config/small_text.py', *tiny[:-1], '--router=none',
+                    f'--out_dir={out}/none'], check=True, capture_output=True, cwd=ROOT, env=env,
+                   timeout=300)
+    result = subprocess.run(['bash', 'lab/compare.sh', 'config/small_text.py', *tiny,
+                             '--init_from=resume'], capture_output=True, text=True, cwd=ROOT,
+                            env=env, timeout=300)
     if HAVE_MATPLOTLIB:
         assert result.returncode == 0, result.stdout + result.stderr
         assert (out / 'loss_curves.png').exists()

@@ -121,12 +121,20 @@ def test_validation_stops_taking_documents_once_it_holds_val_tokens(tmp_path):
     assert n_val >= 100
 
 
-def test_single_document_is_an_error_not_an_empty_training_split(tmp_path):
-    path = tmp_path / "one.txt"
-    path.write_text("just one document")
+def test_one_text_file_is_split_its_first_part_validating_the_rest(tmp_path):
+    text = " ".join(make_texts(40))
+    path = tmp_path / "notes.txt"
+    path.write_text(text)
+    shards = run(tmp_path / "out", "--input", str(path))
+    assert shards == ["local_train_000001.bin", "local_val_000000.bin"]
+    val = prepare.read_shard(tmp_path / "out" / "local_val_000000.bin")
+    train = prepare.read_shard(tmp_path / "out" / "local_train_000001.bin")
+    assert list(val) + list(train) == expected_tokens(text)  # one document, cut once
+    assert len(val) == len(expected_tokens(text)) // 20  # --val_every's share
+    path.write_text("one")  # too short to split: still an error
     with pytest.raises(SystemExit, match="need at least 2"):
-        run(tmp_path / "out", "--input", str(path))
-    assert not list((tmp_path / "out").glob("*.bin"))
+        run(tmp_path / "short", "--input", str(path))
+    assert not list((tmp_path / "short").glob("*.bin"))
 
 
 def test_rerun_keeps_a_finished_set_and_replaces_an_interrupted_one(tmp_path, capsys):

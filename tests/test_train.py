@@ -39,16 +39,17 @@ def command(script):
     return [sys.executable, os.path.join(ROOT, script)]
 
 
-def run(script, *args, check=True):
-    result = subprocess.run([*command(script), *args], capture_output=True, text=True, cwd=ROOT,
-                            timeout=300)
+def run(script, *args, check=True, cwd=ROOT):
+    result = subprocess.run([*command(script), *args], capture_output=True, text=True, cwd=cwd,
+                            timeout=300, env={**os.environ, 'PYTHONPATH': ROOT})
     if check:
         assert result.returncode == 0, f"{script} failed:\n{result.stdout}\n{result.stderr}"
     return result
 
 
-def train(data_dir, out_dir, *args, check=True):
-    return run('train.py', *TINY, f'--data_dir={data_dir}', f'--out_dir={out_dir}', *args, check=check)
+def train(data_dir, out_dir, *args, check=True, cwd=ROOT):
+    return run('train.py', *TINY, f'--data_dir={data_dir}', f'--out_dir={out_dir}', *args,
+               check=check, cwd=cwd)
 
 
 def log_records(out_dir):
@@ -132,11 +133,15 @@ def test_resume_takes_the_model_data_and_schedule_from_the_checkpoint(data_dir, 
     # defaults (1024 and data/fineweb_edu), and the changed max_iters is said.
     result = run('train.py', f'--out_dir={out}', '--init_from=resume', '--device=cpu', '--max_iters=4')
     assert "note: resuming with max_iters=4, changed from the checkpoint's 2" in result.stdout
+    # The schedule keeps its length: its cosine ended at step 2, so steps 3 and 4 train at min_lr
+    # (recomputed for 4 steps, the rate would jump back up to the peak).
+    assert [r['lr'] for r in log_records(out) if r['step'] > 2 and 'lr' in r] == [3e-4, 3e-4]
     assert '4 batch x 16 block' in result.stdout
     checkpoint = torch.load(out / 'ckpt.pt')
     assert checkpoint['step'] == 4 and checkpoint['model_args']['block_size'] == 16
     assert checkpoint['model_args']['rope_base'] == 500000.0  # every GPTConfig field is a train.py key
     assert checkpoint['config']['data_dir'] == str(data_dir)
+    assert checkpoint['config']['lr_decay_iters'] == 2 and checkpoint['config']['max_iters'] == 4
     assert logged_steps(out) == [(0, 'val'), (1, 'train'), (2, 'train'), (2, 'val'), (3, 'train'),
                                  (4, 'train'), (4, 'val')]
     with open(out / 'log.txt') as f:  # the run's record that opens the log is the resumed run's
@@ -154,11 +159,17 @@ def test_a_short_last_shard_is_skipped_and_the_run_trains_past_it(data_dir, tmp_
     for i, (start, end) in enumerate([(0, 300), (300, 600), (600, 650)], 1):
         prepare.write_shard(data / f'x_train_00000{i}.bin', tokens[start:end])
     out = tmp_path / 'out'
-    result = train(data, out, '--max_iters=4', '--eval_interval=4')
-    assert f"note: skipping {data / 'x_train_000003.bin'}: its 50 tokens" in result.stdout
+    # Trained with the data's path relative to tmp_path, resumed from the repo with its full path:
+    # the same data, read on from where it stopped.
+    result = train('data', out, '--max_iters=4', '--eval_interval=4', cwd=tmp_path)
+    assert "note: skipping data/x_train_000003.bin: its 50 tokens" in result.stdout
+    (out / 'ckpt.pt.12345.tmp').write_bytes(b'half a checkpoint, its writer killed')
     result = train(data, out, '--max_iters=6', '--eval_interval=2', '--init_from=resume')
+    assert 'read from its start' not in result.stdout and not list(out.glob('*.tmp'))
     assert read_log(out)[0].keys() == set(range(1, 7))
-    assert torch.load(out / 'ckpt.pt')['data'] == {'shard': 0, 'pos': 256, 'data_dir': str(data)}
+    shards = [['x_train_000001.bin', 300], ['x_train_000002.bin', 300], ['x_train_000003.bin', 50]]
+    assert torch.load(out / 'ckpt.pt')['data'] == {'shard': 0, 'pos': 256, 'data_dir': str(data),
+                                                   'shards': shards}
 
 
 def test_a_repeated_command_keeps_the_earlier_run_unless_told_to_overwrite(data_dir, tmp_path):
@@ -192,9 +203,11 @@ def test_two_process_ddp_matches_one_process_with_the_same_global_batch(data_dir
 def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
     out = tmp_path / 'out'
     train(data_dir, out, '--max_iters=4', '--eval_interval=4')
-    # An absurd learning rate blows the weights up within a few steps; checkpoints every step.
+    # An absurd learning rate blows the weights up within a few steps; checkpoints every step. (The
+    # saved schedule ended at step 4: --lr_decay_iters=0 stretches it to the new max_iters.)
     result = train(data_dir, out, '--init_from=resume', '--max_iters=50', '--eval_interval=1',
-                   '--learning_rate=1e30', '--router_lr=1e30', '--grad_clip=0.0', check=False)
+                   '--lr_decay_iters=0', '--learning_rate=1e30', '--router_lr=1e30',
+                   '--grad_clip=0.0', check=False)
     assert_clean_error(result, 'is nan', 'last good checkpoint')
     kept = torch.load(out / 'ckpt.pt')
     assert 4 <= kept['step'] < 50

@@ -1,0 +1,41 @@
+"""
+The laptop experiment's one command (lab/laptop.sh with config/arith_laptop.py), end to end at a tiny
+size: a small data set, two 2-layer runs of a few steps, their scores, the tables and the figure.
+
+    python -m pytest -q tests/test_laptop_experiment.py
+"""
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: scripts run from there
+TINY = ['--n_layer=2', '--max_iters=4', '--eval_interval=2', '--eval_iters=1', '--log_interval=1',
+        '--warmup_iters=2']
+
+
+@pytest.mark.skipif(shutil.which('bash') is None, reason='lab/laptop.sh is a bash script')
+def test_laptop_command_trains_scores_and_tabulates(tmp_path):
+    env = {**os.environ, 'SEEDS': '1', 'ROUTERS': 'none static', 'JOBS': '1', 'OUT': str(tmp_path / 'runs'),
+           'DATA': str(tmp_path / 'arith'), 'PREPARE_ARGS': '--train_per_ops=100 --val_per_ops=20 --max_ops=2',
+           'EVAL_ARGS': '--eval_per_ops=10'}
+    result = subprocess.run(['bash', 'lab/laptop.sh', *TINY], capture_output=True, text=True, cwd=ROOT,
+                            env=env, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for router in ('none', 'static'):
+        run = tmp_path / 'runs' / f'{router}_s1'
+        assert json.loads((run / 'arith_eval.json').read_text())['step'] == 4
+        times = json.loads((run / 'time.json').read_text())
+        assert set(times) == {'train_wall_s', 'train_cpu_s'} and times['train_wall_s'] > 0
+    assert 'held-out exact match at 2 operators' in result.stdout
+    assert 'static beats none in' in result.stdout and 'of 1 seed pairs' in result.stdout
+    if importlib.util.find_spec('matplotlib') is not None:
+        assert (tmp_path / 'runs' / 'arith_accuracy.png').stat().st_size > 0
+    # Run again: every finished run is kept, not trained again.
+    again = subprocess.run(['bash', 'lab/laptop.sh', *TINY], capture_output=True, text=True, cwd=ROOT,
+                           env=env, timeout=120)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert again.stdout.count('kept: ') == 2 and 'start: ' not in again.stdout
