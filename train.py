@@ -213,7 +213,7 @@ def claim_out_dir(header):
     told to overwrite it; a resumed run drops the records written after its checkpoint."""
     try:
         os.makedirs(out_dir, exist_ok=True)
-        log_file = open(os.path.join(out_dir, 'log.txt'), 'a+')
+        log_file = open(os.path.join(out_dir, 'log.txt'), 'a+', errors='replace')
     except OSError as e:
         fail(f"cannot write to out_dir {out_dir}: {e.strerror}")
     try:
@@ -238,8 +238,11 @@ def claim_out_dir(header):
                 os.remove(ckpt_path)
         records = []
     else:  # a record cut short by the kill goes too, and the old run record gives way to ours
-        records = [r for r in records
-                   if r.endswith('\n') and json.loads(r).get('step', step + 1) <= step]
+        try:
+            records = [r for r in records
+                       if r.endswith('\n') and json.loads(r).get('step', step + 1) <= step]
+        except (ValueError, AttributeError) as e:  # edited by hand, or another file
+            fail(f"{out_dir}/log.txt is not train.py's log ({e}): move it away to resume")
     log_file.truncate(0)  # in append mode every write goes to the end, here the start
     log_file.writelines([json.dumps(header) + '\n'] + records)
     log_file.flush()

@@ -104,9 +104,10 @@ def measure(model_args, B, name):
     """Median step time (s), first-step time beyond it (s, compilation) and peak memory (bytes,
     CUDA only) for one router."""
     torch.manual_seed(0)
-    torch._dynamo.reset()  # each router compiles afresh, with nothing cached from the last
     router, hc, plain = parse_row(name)
+    # First: the kernels must choose Triton's interpreter (on a CPU) before dynamo imports triton.
     or_fail(use_fused_kernels, False if plain else fused, device)
+    torch._dynamo.reset()  # each router compiles afresh, with nothing cached from the last
     model = GPT(or_fail(GPTConfig, router=router, hyper_connections=hc, **model_args)).to(device)
     optimizer = model.configure_optimizers(0.1, 1e-3, 1e-2, fused=device_type == 'cuda')
     step_model = torch.compile(model) if compile else model

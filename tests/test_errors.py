@@ -103,6 +103,9 @@ def root(tmp_path_factory):
         f.write(bytes([byte ^ 0x10]))
     shutil.copytree(root / 'data', changed)
     shutil.copy(changed / 'pydoc_train_000001.bin', changed / 'arith_train_000001.bin')
+    shutil.copytree(root / 'run', files / 'badlog')  # its log.txt edited by hand
+    with open(files / 'badlog' / 'log.txt', 'ab') as f:
+        f.write('{"step": 1, "note": "café"}\nnot json\n'.encode('latin-1'))
     return root
 
 
@@ -215,6 +218,8 @@ CASES = [
          '--out_dir={files}/flipped --task= --data_dir={data}', 'fails its checksum'),
     case('resume-missing-weight', 'train.py', '--out_dir={files}/missing --init_from=resume '
          '--device=cpu', 'Missing key(s) in state_dict: "blocks.1.attn_norm.weight"'),
+    case('resume-with-a-log-edited-by-hand', 'train.py', '--out_dir={files}/badlog --init_from=resume '
+         '--device=cpu', "log.txt is not train.py's log"),
     case('resume-another-lime', 'train.py', '--out_dir={files}/newer --init_from=resume '
          '--device=cpu', 'its model has n_experts: saved by another lime.py'),
     case('resume-on-changed-data', 'train.py', '--out_dir={files}/moved --init_from=resume '
