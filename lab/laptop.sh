@@ -23,7 +23,7 @@ if [ ! -f "$DATA/task.json" ]; then
     python -m lab.arith --mode=prepare --out_dir="$DATA" ${PREPARE_ARGS:-}
 fi
 
-one_run() {  # router seed [overrides]: train, then score; time.json holds the training's wall time
+one_run() {  # router seed [overrides]: train, then score; time.json: the training's wall and CPU seconds
     local r=$1 s=$2 d=$OUT/${1}_s$2
     shift 2
     local TIMEFORMAT='{"train_wall_s": %R, "train_cpu_s": %U}'  # bash's time: wall and user CPU seconds
@@ -42,17 +42,17 @@ for s in $SEEDS; do
             echo "kept: $OUT/${r}_s$s"
             continue
         fi
-        while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+        while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n || true; done
         echo "start: $OUT/${r}_s$s"
         one_run "$r" "$s" "$@" &
     done
 done
-while [ "$(jobs -rp | wc -l)" -gt 0 ]; do wait -n; done
+while [ "$(jobs -rp | wc -l)" -gt 0 ]; do wait -n || true; done
 for r in $ROUTERS; do for s in $SEEDS; do  # a failed run stops here, with its log named
     [ -f "$OUT/${r}_s$s/arith_eval.json" ] || { echo "failed: $OUT/${r}_s$s, see $OUT/${r}_s$s.*.txt" >&2; exit 1; }
 done; done
 
-runs=$(for r in $ROUTERS; do printf '%s,' "$OUT/${r}_s*"; done)
+runs=$(for r in $ROUTERS; do for s in $SEEDS; do printf '%s,' "$OUT/${r}_s$s"; done; done)
 python -m lab.plot --mode=arith "--runs=${runs%,}" --out="$OUT/arith_accuracy.png"
 python - "$OUT" "$ROUTERS" "$SEEDS" <<'EOF'
 # Each seed pair at the hardest operator count, and each run's training time.

@@ -13,14 +13,14 @@ import subprocess
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: scripts run from there
-TINY = ['--n_layer=2', '--max_iters=4', '--eval_interval=2', '--eval_iters=1', '--log_interval=1',
+TINY = ['--n_layer=2', '--batch_size=2', '--max_iters=4', '--eval_interval=2', '--eval_iters=1', '--log_interval=1',
         '--warmup_iters=2']
 
 
 @pytest.mark.skipif(shutil.which('bash') is None, reason='lab/laptop.sh is a bash script')
 def test_laptop_command_trains_scores_and_tabulates(tmp_path):
     env = {**os.environ, 'SEEDS': '1', 'ROUTERS': 'none static', 'JOBS': '1', 'OUT': str(tmp_path / 'runs'),
-           'DATA': str(tmp_path / 'arith'), 'PREPARE_ARGS': '--train_per_ops=100 --val_per_ops=20 --max_ops=2',
+           'DATA': str(tmp_path / 'arith'), 'PREPARE_ARGS': '--train_per_ops=100 --val_per_ops=60 --max_ops=2',
            'EVAL_ARGS': '--eval_per_ops=10'}
     result = subprocess.run(['bash', 'lab/laptop.sh', *TINY], capture_output=True, text=True, cwd=ROOT,
                             env=env, timeout=120)
