@@ -221,13 +221,13 @@ class Rotary(nn.Module):
         super().__init__()
         inv_freq = base ** (-torch.arange(0, head_size, 2, dtype=torch.float32) / head_size)
         angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)  # (T, hs/2)
-        angles = torch.cat((-angles, angles), dim=-1)  # (T, hs): a head's first half turns back
+        angles = torch.cat((-angles, angles), dim=-1)  # (T, hs): first half negated: sin signed
         # Not saved in checkpoints: they follow from the config.
         self.register_buffer('cos', angles.cos()[:, None, :], persistent=False)  # (T, 1, hs)
         self.register_buffer('sin', angles.sin()[:, None, :], persistent=False)
 
     def forward(self, x, pos=0):  # x: (B, T, heads, hs), its first token at position pos
-        # A head's halves (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) = x cos + (x2, x1) sin'
+        # Halves (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) = x cos + (x2, x1) (-sin, sin)
         cos, sin = self.cos[pos:pos + x.size(1)], self.sin[pos:pos + x.size(1)]  # (T, 1, hs)
         return torch.addcmul(x.float() * cos, x.float().roll(x.size(-1) // 2, -1), sin).type_as(x)
 
@@ -332,6 +332,23 @@ class KVCache:
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
 
 
+class CrossEntropy(torch.autograd.Function):
+    """F.cross_entropy(logits, targets, ignore_index=-1) with one new (N, V) tensor, not three."""
+
+    @staticmethod
+    def forward(ctx, logits, targets):  # logits (N, V); targets (N,), -1 = ignored
+        keep, targets = targets != -1, targets.clamp(min=0)[:, None]
+        ctx.save_for_backward(logits, targets, share := keep[:, None] / keep.sum())  # (N, 1)
+        logp = [x.log_softmax(-1).gather(1, t) for x, t in zip(logits.split(64), targets.split(64))]
+        return -(torch.cat(logp) * share).sum()  # the log-softmax in small pieces, each freed
+
+    @staticmethod
+    def backward(ctx, grad):  # d loss / d logits = (softmax - one-hot target) * share
+        logits, targets, share = ctx.saved_tensors
+        g = logits.softmax(-1).scatter_add_(1, targets, torch.full_like(share, -1.0))
+        return g.mul_(share * grad), None
+
+
 class GPT(nn.Module):
     """The whole model: token embedding, n_layer blocks, final norm, and the output head tied to
     the embedding. Its forward pass makes the layer memory that the attention layers share."""
@@ -398,11 +415,10 @@ class GPT(nn.Module):
             x = x.mean(dim=2)  # (B, T, D)
         logits = F.linear(self.final_norm(x), self.lm_head.weight, self.pad_bias)  # (B, T, V_pad)
         loss = None
-        if targets is not None:  # an eager CPU takes 16 tokens at a time: see docs/performance.md
-            flat, targets = logits.float().flatten(0, 1), targets.flatten()  # (N, V_pad), (N,)
-            n = 16 if flat.device.type == 'cpu' and not torch.compiler.is_compiling() else len(flat)
-            loss = sum(F.cross_entropy(l, t, ignore_index=-1, reduction='sum')
-                       for l, t in zip(flat.split(n), targets.split(n))) / (targets != -1).sum()
+        if targets is not None:  # an eager CPU step: CrossEntropy, the same in less new memory
+            flat = logits.float().flatten(0, 1), targets.flatten()  # (N, V_pad), (N,)
+            cpu = logits.device.type == 'cpu' and not torch.compiler.is_compiling()
+            loss = CrossEntropy.apply(*flat) if cpu else F.cross_entropy(*flat, ignore_index=-1)
         return logits[..., :cfg.vocab_size], loss  # a view: the padded ids are never predicted
 
     @torch.no_grad()
