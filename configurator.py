@@ -1,11 +1,9 @@
 """
-configurator.py: nanoGPT's configurator, made safe. A script's defaults block holds its settings;
-config files (`key = value` lines of Python literals, parsed, never executed) and --key=value
-change them, left to right. A key must exist (a typo gets "did you mean"), keep its type (an
-int may stand for a float) and lie in its range (KINDS); else one line, `error: ...`, stops it.
-
+configurator.py: nanoGPT's configurator, made safe. Config files (`key = value` lines of Python
+literals, parsed, never executed) and --key=value change a script's defaults block, left to right.
+A key must exist (a typo gets "did you mean"), keep its type (an int may stand for a float) and
+lie in its range (KINDS); else one line, `error: ...`, stops the script. `--help` lists the keys:
     python train.py config/cpu_demo.py --router=dynamic --learning_rate=3e-4
-    python train.py --help                       # every key, its default and what it means
 """
 import ast
 import difflib
@@ -18,8 +16,8 @@ from contextlib import nullcontext
 
 import torch
 
-# The kinds of value a key may hold: a test, and how an error states it. Each script gives every
-# key a kind, or a tuple of its allowed values; True/False keys and None (automatic) need none.
+# What a key may hold: a test, and how an error states it. A script gives each key a kind or a
+# tuple of allowed values; True/False keys and None (automatic) need none.
 KINDS = {
     'positive': (lambda v: v > 0, '> 0'),
     'non-negative': (lambda v: v >= 0, '>= 0'),
@@ -28,39 +26,50 @@ KINDS = {
     'seed': (lambda v: 0 <= v < 2**63, 'from 0 to 2**63 - 1'),
     'path': (lambda v: v.strip() != '', 'a non-empty path'),
     'text': (lambda v: True, 'text'),
-    'device': (lambda v: re.fullmatch(r'cpu|cuda(:\d+)?', v), "'cpu', 'cuda' or 'cuda:N' (mps "
-               "and others are not supported)"),
+    'device': (lambda v: re.fullmatch(r'cpu|cuda(:\d+)?', v), "'cpu', 'cuda' or 'cuda:N'"),
 }
-LITERAL_ERRORS = (ValueError, TypeError, SyntaxError, MemoryError, RecursionError)
 
 
 def configure(namespace, kinds, argv=None):
-    """Start a script: returns (config, given, autocast). The defaults are the lowercase plain
-    values in namespace (the script's globals()); argv (default: the command line) changes them
-    and given is the keys it set; every value is checked against kinds, {kind: [keys]}. On a
-    CPU, dtype and compile default to float32 and False (no fast bfloat16 matmuls, and compiling
-    rarely pays); on a GPU, float32 matmuls may use TF32. autocast: the model's context."""
+    """(config, the keys argv set, the model's autocast context): the lowercase plain values of
+    namespace (the script's globals()) changed by argv (config files, --key=value; --help lists
+    them), each checked against kinds, {kind: [keys]}. A CPU defaults to float32 and no compile
+    (no fast bf16 matmuls; compiling rarely pays)."""
     config = {k: v for k, v in namespace.items() if k.islower() and not k.startswith('_')
               and (type(v) in (int, float, bool, str) or k == 'fused')}  # fused=None: automatic
-    given = apply_overrides(config, sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if '-h' in argv or '--help' in argv:
+        print_help(config)
+        raise SystemExit(0)
+    given = set()
+    for arg in argv:
+        if not arg.startswith('--'):
+            given |= read_config_file(arg, config)
+            continue
+        key, eq, text = arg[2:].partition('=')
+        if not eq:
+            fail(f"expected --key=value, got '{arg}'")
+        try:  # 3e-4, True or true, None; a bare word is a string: --router=static
+            value = ast.literal_eval(text.title() if text.lower() in ('true', 'false') else text)
+        except Exception:  # not a literal
+            value = text
+        given.add(set_key(config, key, value, f"--{key}"))
     kind_of = {key: kind for kind, keys in kinds.items() for key in keys}
     for key, value in config.items():
         if not isinstance(value, bool) and value is not None:
             check_value(key, value, kind_of[key])  # a KeyError: the script gave key no kind
     device_type = 'cuda' if config.get('device', 'cpu').startswith('cuda') else 'cpu'
     if device_type == 'cpu':
-        config.update({k: v for k, v in (('dtype', 'float32'), ('compile', False))
+        config.update({k: v for k, v in {'dtype': 'float32', 'compile': False}.items()
                        if k in config and k not in given})
-    else:
-        torch.backends.cuda.matmul.allow_tf32 = True  # only float32 work is affected
-        torch.backends.cudnn.allow_tf32 = True
+    else:  # float32 matmuls may use TF32 (bf16 work is unaffected)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     bf16 = config.get('dtype') == 'bfloat16'
     return config, given, torch.autocast(device_type, torch.bfloat16) if bf16 else nullcontext()
 
 
 def check_value(key, value, kind):
-    """One line, here, for a value out of its range: not a misuse later (a negative grad_clip
-    silently climbs the loss) or torch's traceback at first use (a GPU this machine lacks)."""
+    """One line now, not a silent misuse later or torch's traceback at first use."""
     if isinstance(value, float) and not math.isfinite(value):
         fail(f"{key} must be a finite number, got {value}")
     if isinstance(kind, tuple) and value not in kind:
@@ -68,12 +77,10 @@ def check_value(key, value, kind):
     if kind in KINDS and not KINDS[kind][0](value):
         fail(f"{key} must be {KINDS[kind][1]}, got {value!r}")
     if kind == 'device' and value.startswith('cuda'):
-        index, count = int(value.partition(':')[2] or 0), torch.cuda.device_count()
-        if count == 0:
-            fail(f"device {value!r}: torch {torch.__version__} sees no CUDA GPU here; "
-                 "use --device=cpu")
-        if index >= count:
-            fail(f"device {value!r}: this machine has {count} CUDA GPU(s), numbered from 0")
+        count = torch.cuda.device_count()
+        if int(value.partition(':')[2] or 0) >= count:
+            fail(f"device {value!r}: torch {torch.__version__} sees " + (f"{count} CUDA GPU(s) "
+                 "here, numbered from 0" if count else "no CUDA GPU here; use --device=cpu"))
 
 
 def fail(message):
@@ -93,34 +100,12 @@ def or_fail(call, *args, **kwargs):
         fail(str(e))
 
 
-def apply_overrides(config, argv):
-    """Update config from argv; returns the keys given. -h / --help prints the keys and exits."""
-    if '-h' in argv or '--help' in argv:
-        print_help(config)
-        raise SystemExit(0)
-    given = set()
-    for arg in argv:
-        if not arg.startswith('--'):
-            given |= read_config_file(arg, config)
-            continue
-        key, eq, text = arg[2:].partition('=')
-        if not eq:
-            fail(f"expected --key=value, got '{arg}'")
-        try:  # 3e-4, True or true, None; a bare word is a string: --router=static
-            value = ast.literal_eval(text.title() if text.lower() in ('true', 'false') else text)
-        except LITERAL_ERRORS:
-            value = text
-        set_key(config, key, value, f"--{key}")
-        given.add(key)
-    return given
-
-
 def read_config_file(path, config):
     """Apply a config file's `key = value` lines; returns the keys it set."""
     text = read_text(path, 'config file', 'overrides are written --key=value')
     try:
         body = ast.parse(text, filename=path).body
-    except (SyntaxError, ValueError, MemoryError, RecursionError) as e:  # ValueError: NUL bytes
+    except Exception as e:  # a SyntaxError, or a ValueError for NUL bytes
         fail(f"{path}:{getattr(e, 'lineno', '')}: not a config file of `key = value` lines")
     for node in body:
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
@@ -128,7 +113,7 @@ def read_config_file(path, config):
         try:
             (target,) = node.targets
             set_key(config, target.id, ast.literal_eval(node.value), f"{path}:{node.lineno}")
-        except (AttributeError, *LITERAL_ERRORS):
+        except Exception:  # not `name = literal`
             fail(f"{path}:{node.lineno}: config files hold `key = value` lines of plain literals")
     return {node.targets[0].id for node in body if isinstance(node, ast.Assign)}
 
@@ -145,25 +130,23 @@ def set_key(config, key, value, where):
     if default is not None and type(value) is not type(default):
         fail(f"{where}: {key} must be {type(default).__name__} (like {default!r}), got {value!r}")
     config[key] = value
+    return key
 
 
 def read_text(path, what, hint=''):
-    """The UTF-8 text of a file the user named (what: 'config file', ...), or one line saying
-    why not (with hint, what to do, if the file is not there)."""
+    """The text of a file the user named (what: 'config file', ...), or one line saying why not."""
     if not os.path.isfile(path):
         fail(f"{what} not found: {path}" + (f" ({hint})" if hint else ""))
     try:
         with open(path, encoding='utf-8') as f:
             return f.read()
-    except UnicodeDecodeError as e:
-        fail(f"{what} {path}: not UTF-8 text ({e.reason} at byte {e.start})")
-    except OSError as e:
-        fail(f"{what} {path}: could not read it ({e.strerror})")
+    except (UnicodeDecodeError, OSError) as e:
+        why = 'not UTF-8 text' if isinstance(e, UnicodeDecodeError) else 'could not read it'
+        fail(f"{what} {path}: {why} ({e})")
 
 
 def print_help(config):
-    """The script's docstring, then every key with its default and the comment beside it in the
-    defaults block: the block is the documentation, so --help cannot drift from it."""
+    """The script's docstring, then each key, its default and its comment in the defaults block."""
     script = sys.modules['__main__']
     print((script.__doc__ or '').strip() + '\n')
     with open(script.__file__, encoding='utf-8') as f:  # the first `key = ...` is the default

@@ -7,20 +7,20 @@ What differs from nanoGPT's model.py:
 - LIMe: every layer puts its raw (pre-RoPE) keys and values into a "layer memory", and with
   router='static' or 'dynamic' layer l >= 1 attends over a learned mix of the keys and values
   of layers 0..l (StaticRouter, DynamicRouter). router='none' is the plain LLaMA model.
-- Hyper-connections (HyperConnection), the paper's other baseline, as an option.
+- Hyper-connections, the paper's other baseline, as an option (baselines/hyper_connections.py).
 - generate() caches the *routed* keys/values: a cache the size of the baseline's.
 
-Top down: the config; LIMe (routers, and the attention that fills and reads the memory); the
-LLaMA parts; the GPT; checkpoints. Shapes: B batch, T time, D width, H query heads, G key/value
-heads, hs head size, S source layers (l + 1 at layer l). Keys and values travel together as one
-tensor kv (B, T, 2, G, hs): a router mixes both with the same weights.
+Top down: the config; LIMe (routers, and the attention that fills and reads the memory); the LLaMA
+parts; the GPT; checkpoints. Shapes: B batch, T time, D width, H query heads, G key/value heads, hs
+head size, S source layers (l + 1 at layer l). Keys and values travel together as one tensor kv
+(B, T, 2, G, hs): a router mixes both with the same weights.
 """
 import importlib.util
 import math
 import os
 import sys
 import zipfile
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn as nn
@@ -51,12 +51,10 @@ class GPTConfig:
             raise ValueError("block_size, vocab_size, n_layer, n_head and n_embd must be > 0")
         if self.router not in ROUTERS:
             raise ValueError(f"router must be one of {ROUTERS}, got {self.router!r}")
-        if self.n_embd % (2 * self.n_head):
-            raise ValueError(f"n_embd ({self.n_embd}) must split into n_head ({self.n_head}) "
-                             "heads of even size (RoPE rotates pairs of channels)")
-        if self.n_head % self.n_kv_head:
-            raise ValueError(f"n_head ({self.n_head}) must be a multiple of n_kv_head "
-                             f"({self.n_kv_head})")
+        if self.n_embd % (2 * self.n_head) or self.n_head % self.n_kv_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must split into n_head ({self.n_head}) heads "
+                             "of even size (RoPE rotates channel pairs), and n_head must be a "
+                             f"multiple of n_kv_head ({self.n_kv_head})")
         if not 0.0 < self.router_top_p <= 1.0 or self.hyper_connections < 0:
             raise ValueError(f"router_top_p ({self.router_top_p}) must be in (0, 1], "
                              f"hyper_connections ({self.hyper_connections}) >= 0")
@@ -64,8 +62,6 @@ class GPTConfig:
 
 # -----------------------------------------------------------------------------
 # LIMe: two routers that mix the layer memory, and the attention that fills and reads it
-
-
 class StaticRouter(nn.Module):
     """LIMe's static router (paper v2): layer l's keys (and, with the same weights, values) for
     kv head g are a learned, signed mix of every kv head h of every layer m in 0..l:
@@ -78,8 +74,7 @@ class StaticRouter(nn.Module):
         self.top_p = config.router_top_p
         self.weight = nn.Parameter(torch.empty(G, S * G))  # R; row g: all (layer, head) sources
 
-    def reset_parameters(self):  # the paper's: reads its own layer (identity), plus noise
-        # (an all-random init did worse)
+    def reset_parameters(self):  # the paper's: own layer (identity) + noise; all noise did worse
         G, fan_in = self.weight.shape
         bound = math.sqrt(3.0 / fan_in)
         with torch.no_grad():
@@ -199,20 +194,15 @@ def use_fused_kernels(fused, device):
     False, the plain PyTorch here, the definition; None, the kernels on CUDA if triton is there."""
     global mix_kernels
     have_triton = importlib.util.find_spec('triton') is not None
-    if fused is True and not have_triton:
+    if fused and not have_triton:
         raise ValueError("fused=True needs triton (pip install triton); or use fused=None / False")
-    if fused is False or (fused is None and not (have_triton and str(device).startswith('cuda'))):
-        mix_kernels = None
-    else:
-        from kernels import fused as kernels  # imported now, not inside a traced forward
-        mix_kernels = kernels
+    use = fused or (fused is None and have_triton and str(device).startswith('cuda'))
+    mix_kernels = importlib.import_module('kernels.fused') if use else None  # now, not in a trace
 
 
 # -----------------------------------------------------------------------------
-# The LLaMA parts: rotary embedding, MLP, (optional) hyper-connections, the block, the KV cache.
+# The LLaMA parts: rotary embedding, MLP, the block, the KV cache.
 # LLaMA's norm is torch's nn.RMSNorm: each vector scaled to unit root-mean-square, then by a gain.
-
-
 class Rotary(nn.Module):
     """Rotary position embedding: rotate channel pairs of q and k by angles that grow with the
     position, so that q . k depends only on the distance between the two tokens."""
@@ -222,7 +212,6 @@ class Rotary(nn.Module):
         inv_freq = base ** (-torch.arange(0, head_size, 2, dtype=torch.float32) / head_size)
         angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)  # (T, hs/2)
         angles = torch.cat((-angles, angles), dim=-1)  # (T, hs): first half negated: sin signed
-        # Not saved in checkpoints: they follow from the config.
         self.register_buffer('cos', angles.cos()[:, None, :], persistent=False)  # (T, 1, hs)
         self.register_buffer('sin', angles.sin()[:, None, :], persistent=False)
 
@@ -245,63 +234,18 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(gate) * up)
 
 
-class HyperConnection(nn.Module):
-    """Hyper-connections (Zhu et al. 2024, arXiv 2409.19606, Sec. 2) around one sub-layer T
-    (attention or MLP). The residual stream is n streams H (B, T, n, D); the sub-layer reads one
-    mix of them, and its output is spread over the streams while they also mix among themselves:
-        h = A_m^T H,    H' = B^T T(h) + A_r^T H
-    with A_m (n,), A_r (n, n), B (n,) learned: static HC. Dynamic HC (as in the LIMe authors'
-    code) adds a per-token correction read from each stream's normed vector:
-        A_m(H) = A_m + s_a tanh(norm(H) W_m),  A_r(H) = A_r + s_a tanh(norm(H) W_r),
-        B(H) = B + s_b tanh(norm(H) W_b)^T,    W = [W_m | W_r | W_b]: (D, n + 2)
-    Init: A_m = e_(k mod n) for sub-layer k, A_r = I, B = 1, W = 0, s_a = s_b = 0.01. Then every
-    stream holds the baseline's residual x + T(x) exactly, and the model is the baseline."""
-
-    def __init__(self, config, index):  # index k: the sub-layer's place, 2 per block
-        super().__init__()
-        n = self.rate = config.hyper_connections
-        self.index = index
-        self.static_alpha = nn.Parameter(torch.empty(n, n + 1))  # [A_m | A_r], row i: stream i
-        self.static_beta = nn.Parameter(torch.empty(n))  # B
-        self.proj = nn.Linear(config.n_embd, n + 2, bias=False) if config.hc_dynamic else None
-        if config.hc_dynamic:
-            self.alpha_scale = nn.Parameter(torch.empty(()))  # s_a
-            self.beta_scale = nn.Parameter(torch.empty(()))  # s_b
-
-    def reset_parameters(self):
-        n = self.rate
-        with torch.no_grad():
-            self.static_alpha.zero_()
-            self.static_alpha[self.index % n, 0] = 1.0  # sub-layer k reads stream k mod n
-            self.static_alpha[:, 1:] = torch.eye(n)  # carry every stream on unchanged
-            self.static_beta.fill_(1.0)  # add the output to every stream
-            if self.proj is not None:
-                self.proj.weight.zero_()
-                self.alpha_scale.fill_(0.01)
-                self.beta_scale.fill_(0.01)
-
-    def forward(self, H, branch):  # H: (B, T, n, D); branch: the sub-layer, (B, T, D) -> same
-        alpha, beta = self.static_alpha, self.static_beta  # (n, n + 1), (n,)
-        if self.proj is not None:
-            dyn = torch.tanh(self.proj(F.rms_norm(H, (H.size(-1),), eps=1e-5)))  # (B, T, n, n+2)
-            alpha = alpha + self.alpha_scale * dyn[..., :-1]  # (B, T, n, n + 1)
-            beta = beta + self.beta_scale * dyn[..., -1]  # (B, T, n)
-        mixed = alpha.transpose(-1, -2) @ H  # (..., n + 1, D): A_m^T H, then A_r^T H
-        return mixed[..., 1:, :] + beta[..., None] * branch(mixed[..., 0, :])[..., None, :]
-
-
 class Block(nn.Module):
-
     def __init__(self, config, layer_idx):
         super().__init__()
         self.attn_norm = nn.RMSNorm(config.n_embd, eps=1e-5)
         self.attn = CausalSelfAttention(config, layer_idx)
         self.mlp_norm = nn.RMSNorm(config.n_embd, eps=1e-5)
         self.mlp = MLP(config)
-        # With hyper-connections x is n streams (B, T, n, D), and these replace the residual adds.
-        hc = config.hyper_connections
-        self.hc_attn = HyperConnection(config, 2 * layer_idx) if hc else None
-        self.hc_mlp = HyperConnection(config, 2 * layer_idx + 1) if hc else None
+        self.hc_attn = self.hc_mlp = None
+        if config.hyper_connections:  # then x is n streams (B, T, n, D), mixed instead of added
+            from baselines.hyper_connections import HyperConnection  # only this baseline uses it
+            self.hc_attn = HyperConnection(config, 2 * layer_idx)
+            self.hc_mlp = HyperConnection(config, 2 * layer_idx + 1)
 
     def forward(self, x, rotary, memory=None, cache=None):
         if self.hc_attn is None:
@@ -330,23 +274,6 @@ class KVCache:
         self.k[layer, :, :, self.pos:end] = k
         self.v[layer, :, :, self.pos:end] = v
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
-
-
-class CrossEntropy(torch.autograd.Function):
-    """F.cross_entropy(logits, targets, ignore_index=-1) with one new (N, V) tensor, not three."""
-
-    @staticmethod
-    def forward(ctx, logits, targets):  # logits (N, V); targets (N,), -1 = ignored
-        keep, targets = targets != -1, targets.clamp(min=0)[:, None]
-        ctx.save_for_backward(logits, targets, share := keep[:, None] / keep.sum())  # (N, 1)
-        logp = [x.log_softmax(-1).gather(1, t) for x, t in zip(logits.split(64), targets.split(64))]
-        return -(torch.cat(logp) * share).sum()  # the log-softmax in small pieces, each freed
-
-    @staticmethod
-    def backward(ctx, grad):  # d loss / d logits = (softmax - one-hot target) * share
-        logits, targets, share = ctx.saved_tensors
-        g = logits.softmax(-1).scatter_add_(1, targets, torch.full_like(share, -1.0))
-        return g.mul_(share * grad), None
 
 
 class GPT(nn.Module):
@@ -402,23 +329,23 @@ class GPT(nn.Module):
             x = x.unsqueeze(2).expand(-1, -1, cfg.hyper_connections, -1)  # (B, T, n, D): copies
         # LIMe's layer memory: each attention layer appends its raw keys/values, in order. Fused
         # kernels bring a list of their own, which also holds one buffer for its gradients.
-        memory = None
-        if cfg.router != 'none':
-            memory = mix_kernels.LayerMemory(cfg.n_layer) if mix_kernels is not None else []
+        memory = None if cfg.router == 'none' else (
+            mix_kernels.LayerMemory(cfg.n_layer) if mix_kernels is not None else [])
         for block in self.blocks:
             x = block(x, self.rotary, memory, cache)
         if cache is not None:
             cache.pos += T
         if cfg.hyper_connections:
-            # The HC authors sum the streams; the mean is the same through the norm below (but for
-            # its eps) and keeps the model exactly the baseline at init.
-            x = x.mean(dim=2)  # (B, T, D)
+            x = x.mean(dim=2)  # (B, T, D): n streams back to one (baselines/hyper_connections.py)
         logits = F.linear(self.final_norm(x), self.lm_head.weight, self.pad_bias)  # (B, T, V_pad)
         loss = None
-        if targets is not None:  # an eager CPU step: CrossEntropy, the same in less new memory
+        if targets is not None:
             flat = logits.float().flatten(0, 1), targets.flatten()  # (N, V_pad), (N,)
-            cpu = logits.device.type == 'cpu' and not torch.compiler.is_compiling()
-            loss = CrossEntropy.apply(*flat) if cpu else F.cross_entropy(*flat, ignore_index=-1)
+            if logits.device.type == 'cpu' and not torch.compiler.is_compiling():
+                from kernels.cross_entropy import CrossEntropy  # the same loss, in less memory
+                loss = CrossEntropy.apply(*flat)
+            else:
+                loss = F.cross_entropy(*flat, ignore_index=-1)
         return logits[..., :cfg.vocab_size], loss  # a view: the padded ids are never predicted
 
     @torch.no_grad()
@@ -447,15 +374,13 @@ class GPT(nn.Module):
             pending = next_id
         return idx
 
-    # -------------------------------------------------------------------------------------------
-    # For training: optimizer groups, FLOPs and MFU
-
+    # For training: optimizer groups, FLOPs and MFU -----------------------------------------------
     def configure_optimizers(self, weight_decay, learning_rate, router_lr, betas=(0.9, 0.95),
                              eps=1e-8, fused=False):
         """AdamW with the paper's groups: matrices decay, vectors (norm gains, biases) do not;
         router parameters train at router_lr (paper: 10x), and the static router's R is not
-        decayed (decay would pull it from its identity init toward reading nothing). HC as its
-        authors do: the static A and B are not decayed (for the same reason), the dynamic W is."""
+        decayed (decay would pull it from its identity init toward reading nothing); nor are
+        HC's static A and B (its authors' choice, for the same reason)."""
         router_params = {p for r in self.routers() for p in r.parameters()}
         no_decay = {r.weight for r in self.routers() if isinstance(r, StaticRouter)}
         no_decay |= {p for c in self.hyper_connections() for p in (c.static_alpha, c.static_beta)}
@@ -473,26 +398,18 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())  # the tied embedding counts once
 
     def flops_per_token(self, seq_len=None):
-        """Training FLOPs per token (forward + backward = 3x forward), PaLM-style: 6 per weight
-        used in a matmul, plus attention scores, plus LIMe's mix of keys/values, plus HC's mix of
-        the streams."""
-        cfg = self.config
-        T = seq_len or cfg.block_size
-        hs = cfg.n_embd // cfg.n_head
+        """Training FLOPs per token, PaLM-style: forward + backward = 3x forward; 2 per mul-add."""
+        cfg, hs = self.config, self.config.n_embd // self.config.n_head
         static = sum(r.weight.numel() for r in self.routers() if isinstance(r, StaticRouter))
         hc_weights = sum(p.numel() for hc in self.hyper_connections() for p in hc.parameters())
         matmuls = 6 * (self.num_params() - static - hc_weights)  # lm_head: the tied embedding
-        attention = 6 * 2 * cfg.n_layer * cfg.n_head * hs * T  # q.k and attn @ v
-        # Each static weight R[g, m, h] is one multiply-add per channel of k and of v (2 hs);
-        # dynamic: one per (head, source layer, channel of k and v).
-        dynamic = sum(cfg.n_kv_head * r.n_source for r in self.routers()
+        attention = 6 * 2 * cfg.n_layer * cfg.n_head * hs * (seq_len or cfg.block_size)  # qk, av
+        # Static: one multiply-add per weight R[g, m, h] and channel of k and v (2 hs). Dynamic:
+        # one per (head, source layer, channel of k and v).
+        dynamic = sum(r.n_kv_head * r.n_source for r in self.routers()
                       if isinstance(r, DynamicRouter))
-        routing = 6 * 2 * hs * (static + dynamic)
-        # HC, per sub-layer and token, one multiply-add per channel for each of: A_m and A_r
-        # (n (n + 1)), B (n), and if dynamic W on each of the n streams (n (n + 2) again).
-        n = cfg.hyper_connections
-        hc = 6 * cfg.n_embd * n * (n + 2) * (1 + cfg.hc_dynamic) * len(self.hyper_connections())
-        return matmuls + attention + routing + hc
+        hc = sum(c.flops_per_token() for c in self.hyper_connections())
+        return matmuls + attention + 6 * 2 * hs * (static + dynamic) + hc
 
     def estimate_mfu(self, tokens_per_second, peak_flops=989e12, seq_len=None):
         """Training FLOP/s over the device's peak (default: H100 SXM bf16 dense)."""
@@ -502,16 +419,12 @@ class GPT(nn.Module):
 # -----------------------------------------------------------------------------
 # Checkpoints, written and read here only: a dict of the weights ('model') and the GPTConfig
 # ('model_args'), beside what train.py keeps to resume ('optimizer', 'step', ...).
-
-
 def save_checkpoint(path, model, **state):
-    """Write model's weights and config, and state, to path atomically: into a temporary file
-    that is then renamed, so a process killed mid-write leaves the previous checkpoint whole."""
-    checkpoint = {'model': model.state_dict(), 'model_args': asdict(model.config), **state}
-    tmp = f"{path}.{os.getpid()}.tmp"  # this process's own name: no other writes to it
+    """Save model's weights and config, and state, atomically: a kill mid-write keeps the old."""
+    tmp = f"{path}.{os.getpid()}.tmp"  # written whole, then renamed; this process's own name
     try:
         with open(tmp, 'wb') as f:
-            torch.save(checkpoint, f)
+            torch.save(dict(state, model=model.state_dict(), model_args=asdict(model.config)), f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -521,8 +434,8 @@ def save_checkpoint(path, model, **state):
         raise
 
 
-def load_checkpoint(path, device, keys=('model', 'model_args')):
-    """The checkpoint at path, on device, holding at least keys; else a one-line ValueError."""
+def load_checkpoint(path, device, keys=('step', 'best_val_loss')):
+    """(the model, in eval mode on device; the checkpoint, with keys) at path; or a ValueError."""
     if not os.path.isfile(path):
         raise ValueError(f"no checkpoint at {path} (train.py writes one to its out_dir)")
     try:
@@ -533,37 +446,28 @@ def load_checkpoint(path, device, keys=('model', 'model_args')):
     except Exception as e:
         raise ValueError(f"could not read checkpoint {path} (damaged, or not saved by train.py): "
                          f"{last_line(e)}") from None
-    wrong = [k for k in keys if not isinstance(checkpoint, dict) or not isinstance(
-        checkpoint.get(k), {'step': int, 'best_val_loss': (int, float)}.get(k, dict))]
+    kinds = {'step': int, 'best_val_loss': (int, float)}  # the others are dicts
+    wrong = [k for k in ('model', 'model_args', *keys) if not isinstance(checkpoint, dict)
+             or not isinstance(checkpoint.get(k), kinds.get(k, dict))]
     if wrong:
         raise ValueError(f"{path} is not a checkpoint saved by train.py: it lacks "
                          f"{', '.join(wrong)} (or holds another kind of value)")
-    args = checkpoint.get('model_args', {})
-    args.pop('fused', None)  # was a config field: how, not what, to run
-    if unknown := sorted(set(args) - {f.name for f in fields(GPTConfig)}):
-        raise ValueError(f"{path}: its model has {', '.join(unknown)}: saved by another lime.py?")
-    return checkpoint
-
-
-def build_model(checkpoint, path):
-    """The checkpoint's model, its weights loaded; else a one-line ValueError naming what does not
-    fit (a missing weight, say)."""
-    try:
+    checkpoint['model_args'].pop('fused', None)  # was a config field: how, not what, to run
+    try:  # saved by another version of lime.py? (an unknown config field, a missing weight)
         model = GPT(GPTConfig(**checkpoint['model_args']))
         model.load_state_dict(checkpoint['model'])
-    except (TypeError, ValueError, RuntimeError) as e:  # saved by another version of lime.py?
+    except (TypeError, ValueError, RuntimeError) as e:
         raise ValueError(f"{path}: its model does not load into this lime.py: "
                          f"{last_line(e)}") from None
-    return model
+    return model.eval().to(device), checkpoint
 
 
 def load_model(path, device):
-    """(the checkpoint's model, in eval mode on device, the checkpoint); else a ValueError."""
-    checkpoint = load_checkpoint(path, device, ('model', 'model_args', 'step', 'best_val_loss'))
-    model = build_model(checkpoint, path)
+    """load_checkpoint, saying what it loaded: for the tools that use a trained model."""
+    model, checkpoint = load_checkpoint(path, device)
     print(f"loaded {path}: step {checkpoint['step']}, router={model.config.router}, "
           f"val loss {checkpoint['best_val_loss']:.4f}", file=sys.stderr)
-    return model.eval().to(device), checkpoint
+    return model, checkpoint
 
 
 def last_line(error):

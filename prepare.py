@@ -317,9 +317,9 @@ def prepare(documents, out_dir, prefix, args):
     if n_train == 0:
         raise InputError(f"got {n_docs} document(s); need at least 2, since the first goes to "
                          "validation")
-    if fill:
-        n_train_shards += 1
-        write_shard(shard_path(out_dir, prefix, "train", n_train_shards), buf[:fill])
+    for part in (buf[i:fill][:args.shard_size] for i in range(0, fill, args.shard_size)):
+        n_train_shards += 1  # several parts only from one document's tail, split off above
+        write_shard(shard_path(out_dir, prefix, "train", n_train_shards), part)
     write_shard(shard_path(out_dir, prefix, "val", 0), np.concatenate(val))
     print(f"wrote {n_train_shards + 1} shards to {out_dir} ({n_docs:,} documents): "
           f"val {n_val:,} tokens, train {n_train:,} tokens")

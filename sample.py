@@ -39,12 +39,11 @@ start_ids = enc.encode(start, allowed_special={'<|endoftext|>'})
 if not start_ids:
     fail("the prompt is empty: give some text with --start (the default starts a new document)")
 
-ckpt_path = os.path.join(out_dir, 'ckpt.pt')
 or_fail(use_fused_kernels, fused, device)
-model, checkpoint = or_fail(load_model, ckpt_path, device)
+model, checkpoint = or_fail(load_model, os.path.join(out_dir, 'ckpt.pt'), device)
 if model.config.vocab_size != 50257:
-    fail(f"{ckpt_path} was trained on a vocabulary of {model.config.vocab_size} tokens, "
-         "not GPT-2's 50257: sample.py can't decode it")
+    fail(f"the model in {out_dir} has a vocabulary of {model.config.vocab_size} tokens, not "
+         "GPT-2's 50257: sample.py can't decode it")
 idx = torch.tensor([start_ids] * num_samples, dtype=torch.long, device=device)  # (num_samples, T)
 
 with autocast:

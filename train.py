@@ -5,12 +5,12 @@ train.py: train a LIMe or baseline GPT on the token shards that prepare.py write
     python train.py config/gpt2.py --router=none             # the baseline, on one GPU
     torchrun --standalone --nproc_per_node=8 train.py config/gpt2.py --router=dynamic
 
-Every key in the defaults block below can be set by config files and --key=value (see
-configurator.py; `python train.py --help` lists them). Checkpoints go to out_dir/ckpt.pt, and
---init_from=resume continues a run exactly where it stopped, with its settings. out_dir/log.txt
-holds one JSON object a line: the run's settings, then one record per log line and evaluation.
+Config files and --key=value set the keys of the defaults block below (`--help` lists them).
+out_dir/ckpt.pt is the checkpoint (--init_from=resume continues the run exactly, with its
+settings); out_dir/log.txt has a JSON object a line: the settings, then each log line's record.
 """
 import ctypes
+import glob
 import json
 import math
 import os
@@ -18,6 +18,7 @@ import sys
 import time
 from contextlib import nullcontext
 from dataclasses import fields
+from functools import partial
 
 import numpy as np
 import torch
@@ -26,7 +27,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configurator import configure, fail, or_fail
-from lime import GPT, GPTConfig, build_model, load_checkpoint, save_checkpoint, use_fused_kernels
+from lime import GPT, GPTConfig, load_checkpoint, save_checkpoint, use_fused_kernels
 from prepare import Batches, read_shard, shard_paths, token_bytes
 
 try:
@@ -84,63 +85,52 @@ peak_flops = 989e12  # for MFU: bf16 dense peak of one device (H100 SXM)
 seed = 1337  # for the initial weights
 # -----------------------------------------------------------------------------
 config, given, autocast = configure(globals(), {  # what each key may hold (configurator.KINDS)
-    'path': ['out_dir', 'data_dir'], 'text': ['mc_task'],
-    'positive': ['eval_interval', 'eval_iters', 'log_interval', 'mc_examples', 'n_layer', 'n_head',
-                 'n_embd', 'block_size', 'rope_base', 'vocab_size', 'batch_size',
-                 'gradient_accumulation_steps', 'learning_rate', 'max_iters', 'peak_flops'],
-    'non-negative': ['mc_interval', 'n_kv_head', 'mlp_hidden', 'hyper_connections', 'router_lr',
-                     'weight_decay', 'grad_clip', 'warmup_iters', 'lr_decay_iters', 'min_lr'],
-    'fraction': ['router_top_p'], 'below one': ['beta1', 'beta2'], 'seed': ['seed'],
-    'device': ['device'], ('scratch', 'resume'): ['init_from'], ('none', 'static', 'dynamic'):
-    ['router'], ('bfloat16', 'float32'): ['dtype']})
+    'path': ['out_dir', 'data_dir'], 'text': ['mc_task'], 'positive': [
+        'eval_interval', 'eval_iters', 'log_interval', 'mc_examples', 'n_layer', 'n_head', 'n_embd',
+        'block_size', 'rope_base', 'vocab_size', 'batch_size', 'gradient_accumulation_steps',
+        'learning_rate', 'max_iters', 'peak_flops'], 'non-negative': [
+        'mc_interval', 'n_kv_head', 'mlp_hidden', 'hyper_connections', 'router_lr', 'weight_decay',
+        'grad_clip', 'warmup_iters', 'lr_decay_iters', 'min_lr'], 'fraction': ['router_top_p'],
+    'below one': ['beta1', 'beta2'], 'seed': ['seed'], 'device': ['device'], ('scratch', 'resume'):
+    ['init_from'], ('none', 'static', 'dynamic'): ['router'], ('bfloat16', 'float32'): ['dtype']})
 globals().update(config)
 
 # -----------------------------------------------------------------------------
 # setup: one process, or one per GPU under torchrun
-
 ddp = int(os.environ.get('RANK', -1)) != -1
 device_type = 'cuda' if device.startswith('cuda') else 'cpu'
+rank, world_size = 0, 1
 if ddp:
     dist.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo')
     rank, world_size = dist.get_rank(), dist.get_world_size()
     if device_type == 'cuda':
         device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
-else:
-    rank, world_size = 0, 1
 if device_type == 'cuda' and ':' in device:
     torch.cuda.set_device(device)  # kernels launch on the current device: make it ours
 master = rank == 0  # only it logs and writes checkpoints
+log = partial(print, flush=True) if master else (lambda *args: None)
 if device_type == 'cpu' and sys.platform == 'linux':
     # glibc hands big freed blocks (each step's logits) back to the OS and faults them in again
     # at the next step; keeping up to 1 GiB of freed heap made CPU steps 1.4-1.6x faster.
-    try:
-        libc = ctypes.CDLL('libc.so.6')
-        libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD: blocks up to 1 GiB come from the heap
-        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: give memory back only past 1 GiB free
+    try:  # mallopt M_MMAP_THRESHOLD (-3), M_TRIM_THRESHOLD (-1): heap blocks, kept when freed
+        for option in (-3, -1):
+            ctypes.CDLL('libc.so.6').mallopt(option, 1 << 30)
     except OSError:  # not glibc (musl, say): nothing to tune
         pass
 
 
-def log(*args):
-    if master:
-        print(*args, flush=True)
-
-
 # -----------------------------------------------------------------------------
-# resume: the run that was saved, not one made of today's defaults. The model is the
-# checkpoint's (an override that contradicts it is a mistake); so are the data, schedule and
-# evaluation settings unless given again (then the log says so). What belongs to this machine
-# is today's: where the run lives, the device, dtype, compile and fused.
-
+# resume: the run that was saved, not today's defaults. The model is the checkpoint's (an override
+# that contradicts it is a mistake); so are data, schedule and evaluation unless given again (the
+# log says so). What belongs to this machine is today's: out_dir, device, dtype, compile, fused.
 model_keys = [f.name for f in fields(GPTConfig)]
 own_keys = {'out_dir', 'init_from', 'overwrite', 'device', 'dtype', 'compile', 'fused',
             'peak_flops'}
 ckpt_path = os.path.join(out_dir, 'ckpt.pt')
-checkpoint = None
+model, checkpoint = None, None
 if init_from == 'resume':
-    checkpoint = or_fail(load_checkpoint, ckpt_path, device, ('model', 'model_args', 'optimizer',
-                                                               'step', 'best_val_loss', 'config',
-                                                               'data', 'rng'))
+    model, checkpoint = or_fail(load_checkpoint, ckpt_path, device, (
+        'optimizer', 'step', 'best_val_loss', 'config', 'data', 'rng'))
     saved = checkpoint['config']  # its schedule's length, kept (older checkpoints saved 0)
     saved['lr_decay_iters'] = saved.get('lr_decay_iters') or saved.get('max_iters', 0)
     defaults = {f.name: f.default for f in fields(GPTConfig)}  # older checkpoints lack new keys
@@ -152,8 +142,7 @@ if init_from == 'resume':
             log(f"note: resuming with {key}={config[key]!r}, changed from the checkpoint's {old!r}")
     config.update({key: saved[key] for key in saved.keys() & config.keys() - own_keys - given})
     globals().update(config)
-model_args = checkpoint['model_args'] if checkpoint else {k: config[k] for k in model_keys}
-gptconf = or_fail(GPTConfig, **model_args)
+gptconf = model.config if model else or_fail(GPTConfig, **{k: config[k] for k in model_keys})
 or_fail(use_fused_kernels, fused, device)
 
 if min_lr > learning_rate:
@@ -170,19 +159,16 @@ torch.manual_seed(seed)
 
 # -----------------------------------------------------------------------------
 # data: every shard is checked now, before step 0 (prepare.Batches reads them all)
-
 if not os.path.isdir(data_dir):  # checked before a model is built, which can take a while
-    fail(f"data_dir not found: {data_dir} (prepare.py writes shards: `python prepare.py --source "
-         "fineweb` for data/fineweb_edu; to start small, `python prepare.py` for "
-         "config/cpu_demo.py)")
-train_batches = or_fail(Batches, data_dir, batch_size, block_size, rank, world_size, vocab_size,
-                        log)
+    fail(f"data_dir not found: {data_dir} (prepare.py writes shards: `--source fineweb` for "
+         "data/fineweb_edu; to start small, `python prepare.py` for config/cpu_demo.py)")
+B, T = batch_size, block_size
+train_batches = or_fail(Batches, data_dir, B, T, rank, world_size, vocab_size, log)
 val_tokens = or_fail(read_shard, or_fail(shard_paths, data_dir, 'val')[0], vocab_size)
-val_batches = min(eval_iters, (len(val_tokens) - 1) // (batch_size * block_size))
+val_batches = min(eval_iters, (len(val_tokens) - 1) // (B * T))
 if val_batches == 0:
-    fail(f"the validation shard holds {len(val_tokens):,} tokens, fewer than one batch of "
-         f"batch_size * block_size = {batch_size * block_size:,}: lower them, as "
-         "config/cpu_demo.py does")
+    fail(f"the validation shard holds {len(val_tokens):,} tokens, fewer than one batch of batch_"
+         f"size * block_size = {B * T:,}: lower them, as config/cpu_demo.py does")
 if val_batches < eval_iters:
     log(f"note: the validation shard fits only {val_batches} of eval_iters={eval_iters} batches")
 # Bits per byte needs each token's UTF-8 bytes: known for GPT-2, and for arith.py's characters.
@@ -199,18 +185,15 @@ if mc_interval:  # a multiple-choice task, scored during training: lab/evaluate.
         fail(f"mc_interval ({mc_interval}) must be a multiple of eval_interval ({eval_interval})")
     from lab.evaluate import TaskScorer
     mc = TaskScorer(mc_task, mc_examples, vocab_size, block_size, rank, world_size)
+step = checkpoint['step'] if checkpoint is not None else 0
 
 
 # -----------------------------------------------------------------------------
 # out_dir: one run at a time, and no run lost to a repeated command
-
-step = checkpoint['step'] if checkpoint is not None else 0
-
-
 def claim_out_dir(header):
-    """out_dir/log.txt, opened with the run's record (header) and locked while this process lives:
-    a second run into out_dir is refused. A scratch run refuses an out_dir holding a run unless
-    told to overwrite it; a resumed run drops the records written after its checkpoint."""
+    """out_dir/log.txt, opened with the run's record (header), locked while this process lives (a
+    second run is refused). A scratch run refuses a run there unless told to overwrite it; a
+    resumed run drops the records written after its checkpoint."""
     try:
         os.makedirs(out_dir, exist_ok=True)
         log_file = open(os.path.join(out_dir, 'log.txt'), 'a+', errors='replace')
@@ -221,20 +204,18 @@ def claim_out_dir(header):
             fcntl.flock(log_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         fail(f"another run is training into {out_dir}: wait for it, or choose another --out_dir")
-    for name in os.listdir(out_dir):  # a checkpoint half-written by a killed run: useless
-        if name.startswith('ckpt.pt.') and name.endswith('.tmp'):
-            os.remove(os.path.join(out_dir, name))
+    for name in glob.glob(os.path.join(glob.escape(out_dir), 'ckpt.pt.*.tmp')):
+        os.remove(name)  # a checkpoint half-written by a killed run: useless
     log_file.seek(0)
     records = log_file.readlines()
     if init_from == 'scratch':
-        held = [name for name, there in (('ckpt.pt', os.path.exists(ckpt_path)),
-                                         ('log.txt', records)) if there]
+        held = ['ckpt.pt'] * os.path.exists(ckpt_path) + ['log.txt'] * bool(records)
         if held and not overwrite:
             fail(f"{out_dir} holds a run ({', '.join(held)}): continue it with --init_from=resume,"
                  " train into another --out_dir, or replace it with --overwrite=True")
         if held:
             log(f"note: --overwrite=True: replacing the run in {out_dir}")
-            if os.path.exists(ckpt_path):
+            if 'ckpt.pt' in held:
                 os.remove(ckpt_path)
         records = []
     else:  # a record cut short by the kill goes too, and the old run record gives way to ours
@@ -251,24 +232,25 @@ def claim_out_dir(header):
 
 # -----------------------------------------------------------------------------
 # model and optimizer
-
-model = (or_fail(build_model, checkpoint, ckpt_path) if checkpoint else GPT(gptconf)).to(device)
+model = (model or GPT(gptconf)).to(device).train()
 optimizer = model.configure_optimizers(weight_decay, learning_rate, router_lr, (beta1, beta2),
                                        fused=device_type == 'cuda')
 base_lrs = [group['lr'] for group in optimizer.param_groups]  # the schedule scales each of these
 best_val_loss, saved_step = float('inf'), None
 if checkpoint is not None:
-    optimizer.load_state_dict(checkpoint['optimizer'])
     best_val_loss, saved_step = checkpoint['best_val_loss'], step
-    # The data position means nothing in other data (older checkpoints: the path as given).
-    trained_on = checkpoint['data'].get('data_dir', os.path.realpath(saved['data_dir']))
-    if os.path.realpath(data_dir) == trained_on:
-        or_fail(train_batches.restore, checkpoint['data'])
-    else:
-        log(f"note: {data_dir} is read from its start")
-    torch.set_rng_state(checkpoint['rng']['cpu'])
-    if device_type == 'cuda' and checkpoint['rng']['cuda'] is not None:
-        torch.cuda.set_rng_state(checkpoint['rng']['cuda'])
+    try:  # the data position means nothing in other data (older checkpoints: the path as given)
+        trained_on = checkpoint['data'].get('data_dir', os.path.realpath(saved['data_dir']))
+        optimizer.load_state_dict(checkpoint['optimizer'])
+        torch.set_rng_state(checkpoint['rng']['cpu'])
+        if device_type == 'cuda' and checkpoint['rng']['cuda'] is not None:
+            torch.cuda.set_rng_state(checkpoint['rng']['cuda'])
+        if os.path.realpath(data_dir) == trained_on:
+            train_batches.restore(checkpoint['data'])
+        else:
+            log(f"note: {data_dir} is read from its start")
+    except (ValueError, KeyError, TypeError, IndexError, RuntimeError) as e:  # edited by hand?
+        fail(f"cannot resume from {ckpt_path}: {e if type(e) is ValueError else repr(e)}")
     log(f"resumed from {ckpt_path} at step {step}")
     checkpoint = None  # free the memory
 log(f"model: {model.num_params() / 1e6:.2f}M parameters, router={gptconf.router}")
@@ -284,10 +266,9 @@ if ddp:  # the model's only buffers are constants (RoPE tables): DDP need not br
     local = [int(os.environ['LOCAL_RANK'])] if device_type == 'cuda' else None
     model = DDP(model, device_ids=local, broadcast_buffers=False)
 
+
 # -----------------------------------------------------------------------------
 # helpers for the loop
-
-
 def lr_factor(it):
     """Linear warmup, then cosine decay to min_lr at lr_decay_iters: a factor on each group's lr."""
     if it < warmup_iters:
@@ -313,7 +294,6 @@ def evaluate():
     byte: the loss in nats summed over the tokens of text, over ln 2 times their UTF-8 bytes, so
     that models with other tokenizers compare (<|endoftext|> has 0 bytes and is left out)."""
     eval_model.eval()
-    B, T = batch_size, block_size
     loss = nats = nbytes = 0.0
     for i in range(rank, val_batches, world_size):
         buf = torch.from_numpy(val_tokens[i * B * T:(i + 1) * B * T + 1].astype(np.int64))
@@ -332,18 +312,10 @@ def evaluate():
     return sum_over_processes(loss) / val_batches, bpb
 
 
-def score_task():
-    """(acc, acc_norm) on the multiple-choice task's fixed examples, shared out among processes."""
-    eval_model.eval()
-    right, right_norm = mc.score(eval_model, device, autocast, compiled=compile)
-    eval_model.train()
-    return sum_over_processes(right) / mc.n, sum_over_processes(right_norm) / mc.n
-
-
 def save():
     """Everything a resumed run needs, in one checkpoint (written atomically by lime.py)."""
-    cuda_rng = torch.cuda.get_rng_state() if device_type == 'cuda' else None
-    rng = {'cpu': torch.get_rng_state(), 'cuda': cuda_rng}
+    rng = {'cpu': torch.get_rng_state(),
+           'cuda': torch.cuda.get_rng_state() if device_type == 'cuda' else None}
     try:
         save_checkpoint(ckpt_path, raw_model, optimizer=optimizer.state_dict(), step=step, rng=rng,
                         best_val_loss=best_val_loss, config=config, data=train_batches.state())
@@ -352,19 +324,17 @@ def save():
 
 
 def stop_if_not_finite(value, what):
-    if math.isfinite(value):
-        return
-    kept = (f"The last good checkpoint ({ckpt_path}, step {saved_step}) is kept: resume from it "
+    if not math.isfinite(value):
+        fail(f"{what} is {value} at step {step}: stopping. " + (
+            f"The last good checkpoint ({ckpt_path}, step {saved_step}) is kept: resume from it "
             "with --init_from=resume and a lower learning_rate" if saved_step is not None else
             f"No checkpoint was saved before it (the first comes at step "
             f"{min(eval_interval, max_iters)}): start again with a lower learning_rate and "
-            "--overwrite=True")
-    fail(f"{what} is {value} at step {step}: stopping. {kept}")
+            "--overwrite=True"))
 
 
 # -----------------------------------------------------------------------------
 # training loop
-
 start_step = step
 if step >= max_iters:
     log(f"the checkpoint is at step {step}, max_iters is {max_iters}: nothing to train")
@@ -379,7 +349,7 @@ while True:
             line += f" | bpb {val_bpb:.4f}"
             record['val_bpb'] = val_bpb
         if mc_interval and (step % mc_interval == 0 or last_step):
-            acc, acc_norm = score_task()
+            acc, acc_norm = mc.score(eval_model, device, autocast, compiled=compile)
             line += f" | {mc.name} acc {acc:.4f} acc_norm {acc_norm:.4f}"
             record.update(mc_acc=acc, mc_acc_norm=acc_norm)
         log(line)
@@ -437,7 +407,5 @@ while True:
         window_start, window_steps = time.time(), 0
 
 if ddp:
-    # Rank 0 may still be writing the checkpoint; a rank that tears down its process group while
-    # another still uses it can abort at exit (SIGABRT) and fail a finished run: wait for all.
-    dist.barrier()
+    dist.barrier()  # rank 0 may still be saving: tearing down under it can abort (SIGABRT) a run
     dist.destroy_process_group()

@@ -82,6 +82,9 @@ for name in router_list:
     if router not in ROUTERS or (plain and router == 'none') or name.startswith('none-'):
         fail(f"routers: {name!r} is not one of {', '.join(ROUTERS)}, hc (or static-plain, dynamic-plain, "
              "static-hc, dynamic-hc, static-hc-plain, ...)")
+repeated = sorted({name for name in router_list if router_list.count(name) > 1})
+if repeated:  # a second row of the same router is a second timing of it, not a comparison
+    fail(f"routers: {', '.join(map(repr, repeated))} named more than once")
 
 
 def routing_bytes(model, B, T, element_size):

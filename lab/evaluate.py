@@ -186,10 +186,11 @@ def with_shots(examples, solved, k, seed, protocol='build-nanogpt'):
     out = []
     for context, endings, label in examples:
         drawn = rng.sample(solved, k)
-        if any(shot[0] == context for shot in drawn):  # draw again, one more, and leave it out
-            drawn = [s for s in rng.sample(solved, min(k + 1, len(solved))) if s[0] != context][:k]
-            if len(drawn) < k:
+        if any(shot[0] == context for shot in drawn):  # draw again, from the others only
+            others = [s for s in solved if s[0] != context]
+            if len(others) < k:
                 fail(f"--shots={k}: too few solved examples other than the one being scored")
+            drawn = rng.sample(others, k)
         prefix = ''.join(c + continuation(c, e[l], protocol) + '\n\n' for c, e, l in drawn)
         out.append((prefix + context, endings, label))
     return out
@@ -307,11 +308,16 @@ class TaskScorer:
         self.protocol = protocol
 
     def score(self, model, device, autocast, compiled):
-        """(right by summed loss, right by normalised loss): compiled pads every forward to one
-        shape."""
+        """(acc, acc_norm) over all processes' examples, model in eval mode meanwhile: by summed
+        loss, and by loss per character. compiled pads every forward to one shape."""
+        model.eval()
         right, right_norm, _ = multiple_choice(model, self.encoded, self.labels, device, autocast,
                                                self.block_size if compiled else None)
-        return right, right_norm
+        model.train()
+        counts = torch.tensor([right, right_norm], dtype=torch.float64, device=device)
+        if torch.distributed.is_initialized():
+            torch.distributed.all_reduce(counts)  # the processes score disjoint shares
+        return tuple(counts.div(self.n).tolist())
 
 
 # -----------------------------------------------------------------------------

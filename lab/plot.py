@@ -16,9 +16,9 @@ per setting; the arith figures draw each setting's mean with a band from its wor
 and the tables give mean ± standard deviation over the seeds. A setting is named by its router and
 by every setting in which the runs given differ (say `static lr=0.003`), so runs that differ in
 more than the seed are never averaged together. What does not change the numbers (where the run
-lives, the device, compile, how often it logs) does not count. An arith_eval.json is drawn only if
-it scored the checkpoint that the run's log ends with; a run's training FLOPs add up its steps at
-each one's own tokens per step (a resume may change the batch).
+lives, the path it reached its data by, the device, compile, how often it logs) does not count. An
+arith_eval.json is drawn only if it scored the checkpoint that the run's log ends with; a run's
+training FLOPs add up its steps at each one's own tokens per step (a resume may change the batch).
 matplotlib is optional for the rest of the repo, but needed here (pip install matplotlib); without
 it the tables still print.
 """
@@ -132,6 +132,22 @@ def setting_keys(configs):
     return [k for k in keys if len({json.dumps(c.get(k)) for c in configs}) > 1]
 
 
+def real_data_dir(run, config):
+    """The run's data_dir as a real path, so one directory reached by two paths (relative and
+    absolute, or through a link) is one setting. The log keeps data_dir as given, relative to where
+    train.py started, which it does not record; out_dir was given from there too, so where it is
+    relative and the run's path ends with it, the rest of that path is the start. Otherwise nothing
+    says where: the current directory stands in, right when plot.py runs where train.py did."""
+    data_dir, out_dir, path = config.get('data_dir'), config.get('out_dir'), os.path.abspath(run)
+    if not isinstance(data_dir, str) or '\0' in data_dir:  # no path (a log edited by hand?): as is
+        return data_dir
+    start = os.getcwd()
+    if isinstance(out_dir, str) and not os.path.isabs(out_dir):
+        tail = os.sep + os.path.normpath(out_dir)
+        start = (path[:-len(tail)] or os.sep) if path.endswith(tail) else start
+    return os.path.realpath(os.path.join(start, data_dir))
+
+
 def setting(config, differ, depth_axis):
     """A run's setting, the name its seeds share: the router (with hyper-connections), then each
     key in differ, but for n_layer where depth is an axis of its own."""
@@ -153,6 +169,7 @@ def by_setting(runs, depth_axis):
         config = dict(read_log(run)[0]['config'])
         # train.py saves 0 as what it means (max_iters) now, as older logs do not
         config['lr_decay_iters'] = config.get('lr_decay_iters') or config.get('max_iters')
+        config['data_dir'] = real_data_dir(run, config)
         configs[run] = config
     differ = setting_keys(list(configs.values()))
     groups, seeds = {}, {}

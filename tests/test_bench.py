@@ -15,3 +15,12 @@ def test_bench_prints_one_row_per_router_with_ratios_to_the_baseline():
     assert [row[1] for row in rows] == ['none', 'static', 'dynamic-plain'], result.stdout
     assert rows[0][5] == '1.000'
     assert all(float(row[5]) > 0 for row in rows)
+
+
+def test_bench_refuses_a_router_named_twice():
+    # Two rows of one router would time it twice, not compare two: one error line, before any timing.
+    result = run('lab/bench.py', '--device=cpu', '--steps=1', '--warmup=1', '--routers=none,static,none',
+                 check=False)
+    assert result.returncode != 0 and 'Traceback' not in result.stderr, result.stderr
+    assert result.stderr.strip() == "error: routers: 'none' named more than once", result.stderr
+    assert '| tiny ' not in result.stdout

@@ -87,7 +87,10 @@ def root(tmp_path_factory):
     for name, change in [('missing', lambda c: c['model'].pop('blocks.1.attn_norm.weight')),
                          ('newer', lambda c: c['model_args'].update(n_experts=8)),
                          ('moved', lambda c: c['data'].update(data_dir=str(changed.resolve()))),
-                         ('flipped', lambda c: None)]:
+                         ('flipped', lambda c: None),  # and three parts of the state edited by hand:
+                         ('badopt', lambda c: c.update(optimizer={'state': {}, 'param_groups': []})),
+                         ('badrng', lambda c: c.update(rng={'cpu': torch.zeros(3)})),
+                         ('baddata', lambda c: c['data'].pop('pos'))]:
         copy = {**checkpoint, **{k: dict(checkpoint[k]) for k in ('model', 'model_args', 'data')}}
         change(copy)
         (files / name).mkdir()
@@ -220,8 +223,11 @@ CASES = [
          '--device=cpu', 'Missing key(s) in state_dict: "blocks.1.attn_norm.weight"'),
     case('resume-with-a-log-edited-by-hand', 'train.py', '--out_dir={files}/badlog --init_from=resume '
          '--device=cpu', "log.txt is not train.py's log"),
+    *[case(f'resume-{name}-edited-by-hand', 'train.py', f'--out_dir={{files}}/{name} --init_from=resume '
+           '--device=cpu', 'cannot resume from') for name in ('badopt', 'badrng', 'baddata')],
     case('resume-another-lime', 'train.py', '--out_dir={files}/newer --init_from=resume '
-         '--device=cpu', 'its model has n_experts: saved by another lime.py'),
+         '--device=cpu', "does not load into this lime.py: GPTConfig.__init__() got an "
+         "unexpected keyword argument 'n_experts'"),
     case('resume-on-changed-data', 'train.py', '--out_dir={files}/moved --init_from=resume '
          '--device=cpu --data_dir={files}/changed', 'changed since the checkpoint'),
     case('resume-with-a-task-that-cannot-be-scored', 'train.py',

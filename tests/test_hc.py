@@ -1,14 +1,15 @@
 """
-Tests for hyper-connections (HC, arXiv 2409.19606) in lime.py: the paper's other baseline. Each
-test pins one property that could break.
+Tests for hyper-connections (HC, arXiv 2409.19606, baselines/hyper_connections.py): the paper's
+other baseline. Each test pins one property that could break.
 
-    python -m pytest -q test_hc.py
+    python -m pytest -q tests/test_hc.py
 """
 import pytest
 import torch
 
+from baselines.hyper_connections import HyperConnection
 from lab import analyze
-from lime import GPTConfig, HyperConnection
+from lime import GPTConfig
 from test_lime import assert_close, greedy_by_full_recompute, tiny_model
 from test_model_more import assert_compiles_as_one_graph
 from test_train import data_dir, read_log, run, train  # noqa: F401  data_dir is a fixture

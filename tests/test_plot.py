@@ -134,6 +134,29 @@ def test_runs_that_differ_in_more_than_the_seed_are_named_so_never_averaged(tmp_
         plot_py.plot_curves(runs + [copy])
 
 
+def test_one_data_dir_reached_by_two_paths_is_one_setting(tmp_path, capsys, monkeypatch):
+    # Seeds 1 and 2 read one directory, as data/x relative to where train.py started (out_dir is
+    # relative to there too) and through a link; seed 3 reads the data/x of another start.
+    for start in ('a', 'b'):
+        os.makedirs(tmp_path / start / 'data' / 'x')
+    os.symlink(tmp_path / 'a' / 'data' / 'x', tmp_path / 'link')
+    runs = [fake_run(tmp_path / 'a' / 'out' / 's1', 'static', 1, data_dir='data/x', out_dir='out/s1'),
+            fake_run(tmp_path / 'r2', 'static', 2, data_dir=str(tmp_path / 'link')),
+            fake_run(tmp_path / 'b' / 'out' / 's3', 'static', 3, data_dir='data/x', out_dir='out/s3')]
+    monkeypatch.chdir(tmp_path / 'b')  # and plot.py runs from neither start
+    groups, _ = plot_py.by_setting([os.path.relpath(run) for run in runs[:2]], depth_axis=False)
+    assert list(groups) == ['static'], groups  # two seeds of one setting, not two settings
+    plot_py.plot_curves(runs[:2])
+    assert '| static | 2 | ' in capsys.readouterr().out
+    groups, _ = plot_py.by_setting(runs, depth_axis=False)
+    assert list(groups) == [f"static data_dir={tmp_path.resolve() / 'a' / 'data' / 'x'}",
+                            f"static data_dir={tmp_path.resolve() / 'b' / 'data' / 'x'}"], groups
+    # A relative data_dir with an absolute out_dir says nothing of where it started: from here.
+    here = fake_run(tmp_path / 'r4', 'static', 4, data_dir='data/x')
+    monkeypatch.chdir(tmp_path / 'a')
+    assert list(plot_py.by_setting(runs[:2] + [here], depth_axis=False)[0]) == ['static']
+
+
 def test_an_evaluation_of_another_checkpoint_is_refused(runs, tmp_path):
     run = runs['static', 1, 4]
     path = os.path.join(run, 'arith_eval.json')

@@ -137,6 +137,19 @@ def test_one_text_file_is_split_its_first_part_validating_the_rest(tmp_path):
     assert not list((tmp_path / "short").glob("*.bin"))
 
 
+def test_one_text_file_is_cut_into_training_shards_of_shard_size(tmp_path):
+    text = " ".join(make_texts(40))
+    path = tmp_path / "notes.txt"
+    path.write_text(text)
+    names = run(tmp_path / "out", "--input", str(path), "--shard_size", "100")
+    train_names = [n for n in names if "_train_" in n]
+    assert train_names == [f"local_train_{i:06d}.bin" for i in range(1, len(train_names) + 1)]
+    sizes = [len(prepare.read_shard(tmp_path / "out" / n)) for n in train_names]
+    assert len(sizes) > 3 and all(s == 100 for s in sizes[:-1]) and 0 < sizes[-1] <= 100, sizes
+    shards = [prepare.read_shard(tmp_path / "out" / n) for n in ["local_val_000000.bin", *train_names]]
+    assert list(np.concatenate(shards)) == expected_tokens(text)  # still one document, cut in order
+
+
 def test_rerun_keeps_a_finished_set_and_replaces_an_interrupted_one(tmp_path, capsys):
     path = write_jsonl_gz(tmp_path / "docs.jsonl.gz", make_texts(10))
     out = tmp_path / "out"

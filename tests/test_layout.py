@@ -1,0 +1,52 @@
+"""
+The reading path's limits, which hold for the project from now on: the top level is the card
+(lime.py, train.py, sample.py, prepare.py, configurator.py, test_lime.py) and stays short enough to
+read end to end; what a default run does not use lives in folders and is imported only when asked
+for; the README is the way in, not the manual.
+"""
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CARD = ['lime.py', 'train.py', 'sample.py', 'prepare.py', 'configurator.py', 'test_lime.py']
+CORE = ['lime.py', 'train.py', 'sample.py', 'configurator.py']  # the model, and running it
+FOLDERS = {p.name for p in ROOT.iterdir() if p.is_dir() and any(p.glob('*.py'))}
+
+
+def lines(name):
+    return (ROOT / name).read_text(encoding='utf-8').splitlines()
+
+
+def test_the_top_level_python_files_are_the_card():
+    assert sorted(p.name for p in ROOT.glob('*.py')) == sorted(CARD)
+
+
+def test_the_card_fits_its_line_budget():
+    counts = {name: len(lines(name)) for name in CARD}
+    assert sum(counts[name] for name in CORE) <= 1100, counts
+    assert sum(counts.values()) <= 1650, counts
+    long = [f"{name}:{i}" for name in CARD for i, line in enumerate(lines(name), 1)
+            if len(line) > 100]
+    assert not long, f"lines over 100 characters: {long}"
+
+
+def test_no_top_level_file_imports_a_folder_at_module_level():
+    # Inside a function or a branch is fine: the kernels when they will run, lab.evaluate when a
+    # task is scored, the hyper-connections baseline when a model has them.
+    assert {'lab', 'kernels', 'baselines'} <= FOLDERS
+    found = []
+    for name in CARD:
+        for node in ast.parse((ROOT / name).read_text(encoding='utf-8')).body:
+            modules = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+                       [node.module or ''] if isinstance(node, ast.ImportFrom) else [])
+            found += [f"{name}: {m}" for m in modules if m.split('.')[0] in FOLDERS]
+    assert not found, found
+
+
+def test_the_readme_stays_the_way_in():
+    readme = (ROOT / 'README.md').read_text(encoding='utf-8')
+    assert len(readme) <= 16000, len(readme)
+    # What LIMe is comes right after the quick start, before results and the file map.
+    order = [readme.index(h) for h in ('## Quick start', '## How LIMe differs from GPT',
+                                       '## Reading order', '## Headline result', '## Files')]
+    assert order == sorted(order), order
