@@ -321,9 +321,11 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None, cache=None):
         """idx: (B, T) token ids. Returns logits (B, T, vocab_size) and, given targets (B, T),
         the mean cross-entropy (targets of -1 are ignored). With a cache, idx continues it."""
-        cfg, T = self.config, idx.size(1)
-        if (cache.pos if cache is not None else 0) + T > cfg.block_size:
+        cfg, T, pos = self.config, idx.size(1), cache.pos if cache is not None else 0
+        if pos + T > cfg.block_size:
             raise ValueError(f"a sequence of more than block_size {cfg.block_size} tokens")
+        if pos and T > 1:  # the causal mask below would not line up with the cached tokens
+            raise ValueError("a cache that holds tokens takes one new token at a time")
         x = self.embed(idx)  # (B, T, D)
         if cfg.hyper_connections:
             x = x.unsqueeze(2).expand(-1, -1, cfg.hyper_connections, -1)  # (B, T, n, D): copies

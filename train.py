@@ -30,11 +30,6 @@ from configurator import configure, fail, or_fail
 from lime import GPT, GPTConfig, load_checkpoint, save_checkpoint, use_fused_kernels
 from prepare import Batches, read_shard, shard_paths, token_bytes
 
-try:
-    import fcntl  # POSIX file locks: one run at a time in an out_dir
-except ImportError:  # Windows: no lock, so keep to one run per out_dir by hand
-    fcntl = None
-
 # -----------------------------------------------------------------------------
 # default config values: a GPT-2-small-shaped LIMe model on FineWeb-Edu, on one GPU
 # I/O
@@ -200,8 +195,10 @@ def claim_out_dir(header):
     except OSError as e:
         fail(f"cannot write to out_dir {out_dir}: {e.strerror}")
     try:
-        if fcntl is not None:
-            fcntl.flock(log_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        import fcntl  # POSIX file locks; Windows has none: keep to one run per out_dir by hand
+        fcntl.flock(log_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except ImportError:
+        pass
     except BlockingIOError:
         fail(f"another run is training into {out_dir}: wait for it, or choose another --out_dir")
     for name in glob.glob(os.path.join(glob.escape(out_dir), 'ckpt.pt.*.tmp')):

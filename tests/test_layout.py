@@ -50,3 +50,11 @@ def test_the_readme_stays_the_way_in():
     order = [readme.index(h) for h in ('## Quick start', '## How LIMe differs from GPT',
                                        '## Reading order', '## Headline result', '## Files')]
     assert order == sorted(order), order
+
+
+def test_limes_mechanism_reads_in_one_sitting():
+    # From the first router to the line where attention fills the layer memory: the whole method.
+    model = lines('lime.py')
+    start = next(i for i, line in enumerate(model) if line.startswith('class StaticRouter'))
+    end = next(i for i, line in enumerate(model) if 'memory.append(kv)' in line)
+    assert 0 < end - start < 150, (start, end)

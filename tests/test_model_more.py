@@ -155,3 +155,19 @@ def test_a_checkpoint_of_another_shape_fails_with_one_line_naming_the_weight(tmp
                tmp_path / 'ckpt.pt')
     with pytest.raises(ValueError, match=r'ckpt.pt: its model does not load .*blocks.1.attn_norm[^\n]*$'):
         load_model(tmp_path / 'ckpt.pt', 'cpu')
+
+
+def test_a_cache_that_holds_a_prompt_refuses_several_new_tokens_at_once():
+    # SDPA's causal mask is aligned to the first key: with tokens already cached, a block of new
+    # queries would see the wrong keys, silently. One token at a time is what generate() feeds.
+    from lime import KVCache
+    model = tiny_model(router='static').eval()
+    idx = torch.randint(0, model.config.vocab_size, (1, 6))
+    cache = KVCache(model.config.n_layer, model.config.block_size)
+    with torch.no_grad():
+        full, _ = model(idx)
+        model(idx[:, :4], cache=cache)
+        with pytest.raises(ValueError, match='one new token at a time'):
+            model(idx[:, 4:], cache=cache)
+        step, _ = model(idx[:, 4:5], cache=cache)
+    assert_close(step[:, -1], full[:, 4])
