@@ -162,8 +162,8 @@ train_batches = or_fail(Batches, data_dir, B, T, rank, world_size, vocab_size, l
 val_tokens = or_fail(read_shard, or_fail(shard_paths, data_dir, 'val')[0], vocab_size)
 val_batches = min(eval_iters, (len(val_tokens) - 1) // (B * T))
 if val_batches == 0:
-    fail(f"the validation shard holds {len(val_tokens):,} tokens, fewer than one batch of batch_"
-         f"size * block_size = {B * T:,}: lower them, as config/cpu_demo.py does")
+    fail(f"the validation shard holds {len(val_tokens):,} tokens, fewer than one batch "
+         f"(batch_size * block_size = {B * T:,}): lower them, as config/cpu_demo.py does")
 if val_batches < eval_iters:
     log(f"note: the validation shard fits only {val_batches} of eval_iters={eval_iters} batches")
 # Bits per byte needs each token's UTF-8 bytes: known for GPT-2, and for arith.py's characters.

@@ -198,6 +198,9 @@ CASES = [
     # data and checkpoints
     case('no-shard-holds-one-step', 'train.py', '{tiny} --data_dir={files}/short --out_dir={scratch}/o',
          'no training shard in'),
+    case('val-shard-smaller-than-a-batch', 'train.py', '{tiny} --data_dir={data} --out_dir={scratch}/o '
+         '--batch_size=8 --block_size=1024', 'fewer than one batch (batch_size * block_size = 8,192): '
+         'lower them, as config/cpu_demo.py does'),
     case('out-dir-is-a-file', 'train.py', '{tiny} --data_dir={data} --out_dir={files}/a_file',
          'cannot write to out_dir'),
     case('resume-foreign-checkpoint', 'train.py', '--out_dir={files}/foreign --init_from=resume --device=cpu',
