@@ -309,7 +309,8 @@ class TaskScorer:
 
     def score(self, model, device, autocast, compiled):
         """(acc, acc_norm) over all processes' examples, model in eval mode meanwhile: by summed
-        loss, and by loss per character. compiled pads every forward to one shape."""
+        loss, and by loss per token or character (the protocol's). compiled pads every forward to
+        one shape."""
         model.eval()
         right, right_norm, _ = multiple_choice(model, self.encoded, self.labels, device, autocast,
                                                self.block_size if compiled else None)
