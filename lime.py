@@ -55,9 +55,10 @@ class GPTConfig:
             raise ValueError(f"n_embd ({self.n_embd}) must split into n_head ({self.n_head}) heads "
                              "of even size (RoPE rotates channel pairs), and n_head must be a "
                              f"multiple of n_kv_head ({self.n_kv_head})")
-        if not 0.0 < self.router_top_p <= 1.0 or self.hyper_connections < 0:
-            raise ValueError(f"router_top_p ({self.router_top_p}) must be in (0, 1], "
-                             f"hyper_connections ({self.hyper_connections}) >= 0")
+        low = 0.53 if self.router == 'dynamic' else 0.0  # below, one source can hold p alone
+        if not low < self.router_top_p <= 1.0 or self.hyper_connections < 0:
+            raise ValueError(f"router_top_p ({self.router_top_p}) must be in ({low:g}, 1] for "
+                             f"{self.router!r}, hyper_connections ({self.hyper_connections}) >= 0")
 
 
 # -----------------------------------------------------------------------------
@@ -110,13 +111,13 @@ class DynamicRouter(nn.Module):
         self.proj = nn.Linear(config.n_embd, self.n_kv_head * self.n_source, bias=True)  # Wr
 
     def reset_parameters(self):
-        # Close to the baseline: zero weights (every token routes alike until the gradients pull
-        # them apart) and a bias giving the own layer 90%: e^b / (e^b + l) = 0.9 for b = log(9 l).
+        # Close to the baseline: zero weights (tokens route alike until gradients pull them apart),
+        # the own layer s = 90% of p (not all: one source alone gets no gradient): e^b/(e^b+l) = s.
         with torch.no_grad():
             self.proj.weight.zero_()
-            bias = self.proj.bias.view(self.n_kv_head, self.n_source)
+            bias, s = self.proj.bias.view(self.n_kv_head, self.n_source), 0.9 * self.top_p
             bias.zero_()
-            bias[:, -1] = math.log(9.0 * (self.n_source - 1))
+            bias[:, -1] = math.log(s / (1 - s) * (self.n_source - 1))  # p = 1: log(9 l), as in v1
 
     def mix_weights(self, h):
         """Routing probabilities (B, T, G, S): for each token and head they sum to 1."""

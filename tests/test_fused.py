@@ -114,7 +114,7 @@ def test_fused_model_equals_plain_model_eager_and_compiled_to_one_graph(router, 
     shape = dict(n_layer=4, n_head=4, n_kv_head=2, n_embd=32, block_size=16, vocab_size=128, router=router,
                  router_top_p=0.9)
     plain = GPT(GPTConfig(**shape))
-    with torch.no_grad():  # away from the init, where top-p keeps only the own layer (dynamic)
+    with torch.no_grad():  # away from the init, where every token routes alike
         for p in (p for r in plain.routers() for p in r.parameters()):
             p.add_(torch.randn_like(p))
     fused = GPT(GPTConfig(**shape))

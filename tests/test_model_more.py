@@ -59,6 +59,21 @@ def test_dynamic_top_p_renormalises_and_zeroes_the_rest():
                  what='scale factors within a head')
 
 
+def test_dynamic_router_with_top_p_learns_from_its_first_step():
+    # The init gives the own layer 90% of p, not 90%: at the paper's p = 0.9 a top-p set of the own
+    # layer alone would be renormalised to a constant 1, and the router would never get a gradient.
+    for p in (1.0, 0.9, 0.6):
+        model = tiny_model(router='dynamic', n_layer=4, router_top_p=p)
+        idx = torch.randint(0, 101, (2, 16))
+        model(idx, idx)[1].backward()
+        for router in model.routers():
+            own = router.proj(torch.randn(1, 32)).view(router.n_kv_head, -1).softmax(-1)[:, -1]
+            assert_close(own, torch.full_like(own, 0.9 * p), 1e-5, what=f'own share at p = {p}')
+            assert router.proj.weight.grad.abs().max() > 0, f"no gradient at p = {p}"
+    with pytest.raises(ValueError, match=r"router_top_p \(0.5\) must be in \(0.53, 1\] for 'dynamic'"):
+        GPTConfig(router='dynamic', router_top_p=0.5)  # two sources: one always holds half
+
+
 def test_static_top_p_zeroes_weights_and_gradients_outside_the_kept_set():
     model = tiny_model(router='static', n_layer=6, router_top_p=0.5)
     router = model.routers()[-1]
