@@ -55,7 +55,7 @@ class GPTConfig:
             raise ValueError(f"n_embd ({self.n_embd}) must split into n_head ({self.n_head}) heads "
                              "of even size (RoPE rotates channel pairs), and n_head must be a "
                              f"multiple of n_kv_head ({self.n_kv_head})")
-        low = 0.53 if self.router == 'dynamic' else 0.0  # below, one source can hold p alone
+        low = 0.53 if self.router == 'dynamic' else 0.0  # below ~1/1.9 one source holds p at init
         if not low < self.router_top_p <= 1.0 or self.hyper_connections < 0:
             raise ValueError(f"router_top_p ({self.router_top_p}) must be in ({low:g}, 1] for "
                              f"{self.router!r}, hyper_connections ({self.hyper_connections}) >= 0")
