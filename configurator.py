@@ -16,8 +16,9 @@ from contextlib import nullcontext
 
 import torch
 
-# What a key may hold: a test, and how an error states it. A script gives each key a kind or a
-# tuple of allowed values; True/False keys and None (automatic) need none.
+# What a key may hold: a test, and how an error states it. A script gives a key a kind or a tuple
+# of allowed values where the script itself uses the value; the model's keys are checked where they
+# are used, by lime.GPTConfig, so they need none here (nor do True/False keys and None, automatic).
 KINDS = {
     'positive': (lambda v: v > 0, '> 0'),
     'non-negative': (lambda v: v >= 0, '>= 0'),
@@ -33,8 +34,9 @@ KINDS = {
 def configure(namespace, kinds, argv=None):
     """(config, the keys argv set, the model's autocast context): the lowercase plain values of
     namespace (the script's globals()) changed by argv (config files, --key=value; --help lists
-    them), each checked against kinds, {kind: [keys]}. A CPU defaults to float32 and no compile
-    (no fast bf16 matmuls; compiling rarely pays)."""
+    them), each checked against kinds, {kind: [keys]} (a key with no kind: only that a float is
+    finite). A CPU defaults to float32 and no compile (no fast bf16 matmuls; compiling rarely
+    pays)."""
     config = {k: v for k, v in namespace.items() if k.islower() and not k.startswith('_')
               and (type(v) in (int, float, bool, str) or k == 'fused')}  # fused=None: automatic
     argv = sys.argv[1:] if argv is None else argv
@@ -57,7 +59,7 @@ def configure(namespace, kinds, argv=None):
     kind_of = {key: kind for kind, keys in kinds.items() for key in keys}
     for key, value in config.items():
         if not isinstance(value, bool) and value is not None:
-            check_value(key, value, kind_of[key])  # a KeyError: the script gave key no kind
+            check_value(key, value, kind_of.get(key))
     device_type = 'cuda' if config.get('device', 'cpu').startswith('cuda') else 'cpu'
     if device_type == 'cpu':
         config.update({k: v for k, v in {'dtype': 'float32', 'compile': False}.items()

@@ -45,20 +45,27 @@ class GPTConfig:
     hc_dynamic: bool = True  # dynamic HC (per-token weights), as in the paper; False = static HC
 
     def __post_init__(self):
-        self.n_kv_head = self.n_kv_head or self.n_head
-        self.mlp_hidden = self.mlp_hidden or 4 * self.n_embd
-        if min(self.block_size, self.vocab_size, self.n_layer, self.n_head, self.n_embd) <= 0:
-            raise ValueError("block_size, vocab_size, n_layer, n_head and n_embd must be > 0")
+        """Every rule on these values is checked here, once, in the words of a --key=value."""
+        for key in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'rope_base'):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")
+        for key in ('n_kv_head', 'mlp_hidden', 'hyper_connections'):
+            if not getattr(self, key) >= 0:
+                raise ValueError(f"{key} must be >= 0, got {getattr(self, key)!r}")
         if self.router not in ROUTERS:
             raise ValueError(f"router must be one of {ROUTERS}, got {self.router!r}")
+        # With top-p on, a dynamic router starts with 90% of p on the own layer (DynamicRouter):
+        # below p = 1/1.9 ~ 0.53 that one source would hold p alone, and no router would learn.
+        lowest = 0.53 if self.router == 'dynamic' else 0.0
+        if not lowest < self.router_top_p <= 1.0:
+            raise ValueError(f"router_top_p must be in ({lowest:g}, 1] for {self.router!r}, "
+                             f"got {self.router_top_p!r}")
+        self.n_kv_head = self.n_kv_head or self.n_head
+        self.mlp_hidden = self.mlp_hidden or 4 * self.n_embd
         if self.n_embd % (2 * self.n_head) or self.n_head % self.n_kv_head:
             raise ValueError(f"n_embd ({self.n_embd}) must split into n_head ({self.n_head}) heads "
                              "of even size (RoPE rotates channel pairs), and n_head must be a "
                              f"multiple of n_kv_head ({self.n_kv_head})")
-        low = 0.53 if self.router == 'dynamic' else 0.0  # below ~1/1.9 one source holds p at init
-        if not low < self.router_top_p <= 1.0 or self.hyper_connections < 0:
-            raise ValueError(f"router_top_p ({self.router_top_p}) must be in ({low:g}, 1] for "
-                             f"{self.router!r}, hyper_connections ({self.hyper_connections}) >= 0")
 
 
 # -----------------------------------------------------------------------------
@@ -89,13 +96,11 @@ class StaticRouter(nn.Module):
         return self.weight
 
     def forward(self, h, memory):  # memory: S tensors (B, T, 2, G, hs), layers 0..l
-        if mix_kernels is not None:
-            return mix_kernels.static_mix(self.mix_weights(), memory)  # the same, fused
-        # All S*G (layer, head) sources side by side in R's column order (list(): for compile)
-        kv, R = torch.cat(list(memory), 3).flatten(0, 2), self.mix_weights()  # (B*T*2, S*G, hs)
-        if kv.is_cuda:  # one GEMM on a copy of kv^T (torch's matmul); a CPU is ~2x faster without
-            return (R @ kv).view_as(memory[0])  # (G, S*G) @ (..., S*G, hs) -> (B, T, 2, G, hs)
-        return torch.bmm(R.expand(len(kv), *R.shape), kv).view_as(memory[0])  # R @ kv[i], every i
+        if mix_kernels is not None:  # faster code for the same numbers (use_fused_kernels)
+            return mix_kernels.static_mix(self.mix_weights(), memory)
+        # All S*G (layer, head) sources side by side, in R's column order: (B, T, 2, S*G, hs).
+        # R (G, S*G) @ each (S*G, hs) matrix of them: (B, T, 2, G, hs). (list(): for compile)
+        return self.mix_weights() @ torch.cat(list(memory), dim=3)
 
 
 class DynamicRouter(nn.Module):
@@ -106,18 +111,22 @@ class DynamicRouter(nn.Module):
 
     def __init__(self, config, layer_idx):
         super().__init__()
-        self.n_kv_head, self.n_source = config.n_kv_head, layer_idx + 1
+        self.n_kv_head = config.n_kv_head
+        self.n_source = layer_idx + 1
         self.top_p = config.router_top_p
         self.proj = nn.Linear(config.n_embd, self.n_kv_head * self.n_source, bias=True)  # Wr
 
     def reset_parameters(self):
         # Close to the baseline: zero weights (tokens route alike until gradients pull them apart),
-        # the own layer s = 90% of p (not all: one source alone gets no gradient): e^b/(e^b+l) = s.
+        # and a bias that gives the own layer a share s = 90% of p of the routing weight (not all
+        # of it: one source alone gets no gradient). With l = layer_idx other sources at bias 0,
+        # e^b / (e^b + l) = s at b = log(s / (1 - s) * l); at p = 1 that is log(9 l), as in v1.
+        s = 0.9 * self.top_p
         with torch.no_grad():
             self.proj.weight.zero_()
-            bias, s = self.proj.bias.view(self.n_kv_head, self.n_source), 0.9 * self.top_p
+            bias = self.proj.bias.view(self.n_kv_head, self.n_source)
             bias.zero_()
-            bias[:, -1] = math.log(s / (1 - s) * (self.n_source - 1))  # p = 1: log(9 l), as in v1
+            bias[:, -1] = math.log(s / (1 - s) * (self.n_source - 1))
 
     def mix_weights(self, h):
         """Routing probabilities (B, T, G, S): for each token and head they sum to 1."""
@@ -128,8 +137,8 @@ class DynamicRouter(nn.Module):
         return probs
 
     def forward(self, h, memory):  # memory: S tensors (B, T, 2, G, hs), layers 0..l
-        if mix_kernels is not None:
-            return mix_kernels.dynamic_mix(self.mix_weights(h), memory)  # the same, fused
+        if mix_kernels is not None:  # faster code for the same numbers (use_fused_kernels)
+            return mix_kernels.dynamic_mix(self.mix_weights(h), memory)
         probs = self.mix_weights(h).type_as(memory[0])  # (B, T, G, S)
         # A weighted sum of S tensors, pointwise: torch.compile fuses it into one kernel.
         return sum(kv * probs[:, :, None, :, m, None] for m, kv in enumerate(memory))
@@ -148,8 +157,11 @@ class CausalSelfAttention(nn.Module):
         self.kv_proj = nn.Linear(config.n_embd, 2 * self.n_kv_head * self.head_size, bias=False)
         self.o_proj = nn.Linear(self.n_head * self.head_size, config.n_embd, bias=False)
         # Layer 0 has nothing earlier to read, so it has no router (paper Sec. 3).
-        router_class = {'static': StaticRouter, 'dynamic': DynamicRouter}.get(config.router)
-        self.router = router_class(config, layer_idx) if router_class and layer_idx else None
+        self.router = None
+        if config.router == 'static' and layer_idx > 0:
+            self.router = StaticRouter(config, layer_idx)
+        elif config.router == 'dynamic' and layer_idx > 0:
+            self.router = DynamicRouter(config, layer_idx)
 
     def forward(self, h, rotary, memory=None, cache=None):
         B, T, _ = h.shape
@@ -186,19 +198,30 @@ def top_p_mask(weights, p):
     return torch.zeros_like(keep).scatter(-1, order, keep)
 
 
-mix_kernels = None  # None: the plain PyTorch above; else kernels/fused.py (use_fused_kernels)
+# The switch for faster code with the same numbers: None runs the plain PyTorch in this file (the
+# definition); else a module of kernels/ with the same functions: static_mix, dynamic_mix,
+# LayerMemory and cross_entropy.
+mix_kernels = None
 
 
 def use_fused_kernels(fused, device):
-    """The one switch for how the routers mix, in every model: fused=True, kernels/fused.py's
-    Triton kernels, the same numbers faster (on a CPU, through Triton's interpreter: for tests);
-    False, the plain PyTorch here, the definition; None, the kernels on CUDA if triton is there."""
+    """Set the switch for every model (the scripts' `fused` key). None: on a CPU kernels/cpu.py
+    (faster there), on CUDA kernels/fused.py's Triton kernels if triton is installed; True: the
+    Triton kernels (on a CPU through Triton's interpreter: for tests); False: the plain PyTorch
+    here, everywhere. tests/test_fused.py holds each module to the plain PyTorch."""
     global mix_kernels
     have_triton = importlib.util.find_spec('triton') is not None
     if fused and not have_triton:
         raise ValueError("fused=True needs triton (pip install triton); or use fused=None / False")
-    use = fused or (fused is None and have_triton and str(device).startswith('cuda'))
-    mix_kernels = importlib.import_module('kernels.fused') if use else None  # now, not in a trace
+    on_cuda = str(device).startswith('cuda')
+    if fused or (fused is None and on_cuda and have_triton):
+        name = 'kernels.fused'
+    elif fused is None and not on_cuda:
+        name = 'kernels.cpu'
+    else:
+        name = None
+    # Imported now, not inside a traced forward.
+    mix_kernels = importlib.import_module(name) if name else None
 
 
 # -----------------------------------------------------------------------------
@@ -206,20 +229,23 @@ def use_fused_kernels(fused, device):
 # LLaMA's norm is torch's nn.RMSNorm: each vector scaled to unit root-mean-square, then by a gain.
 class Rotary(nn.Module):
     """Rotary position embedding: rotate channel pairs of q and k by angles that grow with the
-    position, so that q . k depends only on the distance between the two tokens."""
+    position, so that q . k depends only on the distance between the two tokens. Channel i of the
+    first half and channel i of the second half make a pair, rotated by angle pos * inv_freq[i]."""
 
     def __init__(self, head_size, max_len, base):
         super().__init__()
         inv_freq = base ** (-torch.arange(0, head_size, 2, dtype=torch.float32) / head_size)
         angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)  # (T, hs/2)
-        angles = torch.cat((-angles, angles), dim=-1)  # (T, hs): first half negated: sin signed
-        self.register_buffer('cos', angles.cos()[:, None, :], persistent=False)  # (T, 1, hs)
+        # (T, 1, hs/2): the 1 broadcasts over the heads of x (B, T, heads, hs)
+        self.register_buffer('cos', angles.cos()[:, None, :], persistent=False)
         self.register_buffer('sin', angles.sin()[:, None, :], persistent=False)
 
     def forward(self, x, pos=0):  # x: (B, T, heads, hs), its first token at position pos
-        # Halves (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) = x cos + (x2, x1) (-sin, sin)
-        cos, sin = self.cos[pos:pos + x.size(1)], self.sin[pos:pos + x.size(1)]  # (T, 1, hs)
-        return torch.addcmul(x.float() * cos, x.float().roll(x.size(-1) // 2, -1), sin).type_as(x)
+        cos = self.cos[pos:pos + x.size(1)]
+        sin = self.sin[pos:pos + x.size(1)]
+        x1, x2 = x.float().chunk(2, dim=-1)  # the two halves, (B, T, heads, hs/2) each
+        rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        return rotated.type_as(x)
 
 
 class MLP(nn.Module):
@@ -242,7 +268,8 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config, layer_idx)
         self.mlp_norm = nn.RMSNorm(config.n_embd, eps=1e-5)
         self.mlp = MLP(config)
-        self.hc_attn = self.hc_mlp = None
+        self.hc_attn = None
+        self.hc_mlp = None
         if config.hyper_connections:  # then x is n streams (B, T, n, D), mixed instead of added
             from baselines.hyper_connections import HyperConnection  # only this baseline uses it
             self.hc_attn = HyperConnection(config, 2 * layer_idx)
@@ -262,8 +289,11 @@ class KVCache:
     model caches exactly what a plain transformer does, at the same size."""
 
     def __init__(self, n_layer, max_len):
-        self.n_layer, self.max_len = n_layer, max_len
-        self.k = self.v = None  # (n_layer, B, G, max_len, hs), allocated at the first update
+        self.n_layer = n_layer
+        self.max_len = max_len
+        # (n_layer, B, G, max_len, hs) each, allocated at the first update (B, G, hs known then)
+        self.k = None
+        self.v = None
         self.pos = 0  # number of tokens cached
 
     def update(self, layer, k, v):  # k, v: (B, G, T, hs) for the tokens at pos .. pos + T - 1
@@ -322,7 +352,9 @@ class GPT(nn.Module):
     def forward(self, idx, targets=None, cache=None):
         """idx: (B, T) token ids. Returns logits (B, T, vocab_size) and, given targets (B, T),
         the mean cross-entropy (targets of -1 are ignored). With a cache, idx continues it."""
-        cfg, T, pos = self.config, idx.size(1), cache.pos if cache is not None else 0
+        cfg = self.config
+        T = idx.size(1)
+        pos = cache.pos if cache is not None else 0  # tokens already cached
         if pos + T > cfg.block_size:
             raise ValueError(f"a sequence of more than block_size {cfg.block_size} tokens")
         if pos and T > 1:  # the causal mask below would not line up with the cached tokens
@@ -330,10 +362,11 @@ class GPT(nn.Module):
         x = self.embed(idx)  # (B, T, D)
         if cfg.hyper_connections:
             x = x.unsqueeze(2).expand(-1, -1, cfg.hyper_connections, -1)  # (B, T, n, D): copies
-        # LIMe's layer memory: each attention layer appends its raw keys/values, in order. Fused
-        # kernels bring a list of their own, which also holds one buffer for its gradients.
-        memory = None if cfg.router == 'none' else (
-            mix_kernels.LayerMemory(cfg.n_layer) if mix_kernels is not None else [])
+        # LIMe's layer memory: each attention layer appends its raw keys/values, in order.
+        # (Triton kernels bring a list of their own, which also holds their gradients' buffer.)
+        memory = None
+        if cfg.router != 'none':
+            memory = [] if mix_kernels is None else mix_kernels.LayerMemory(cfg.n_layer)
         for block in self.blocks:
             x = block(x, self.rotary, memory, cache)
         if cache is not None:
@@ -343,12 +376,8 @@ class GPT(nn.Module):
         logits = F.linear(self.final_norm(x), self.lm_head.weight, self.pad_bias)  # (B, T, V_pad)
         loss = None
         if targets is not None:
-            flat = logits.float().flatten(0, 1), targets.flatten()  # (N, V_pad), (N,)
-            if logits.device.type == 'cpu' and not torch.compiler.is_compiling():
-                from kernels.cross_entropy import CrossEntropy  # the same loss, in less memory
-                loss = CrossEntropy.apply(*flat)
-            else:
-                loss = F.cross_entropy(*flat, ignore_index=-1)
+            cross_entropy = F.cross_entropy if mix_kernels is None else mix_kernels.cross_entropy
+            loss = cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
         return logits[..., :cfg.vocab_size], loss  # a view: the padded ids are never predicted
 
     @torch.no_grad()
@@ -402,7 +431,8 @@ class GPT(nn.Module):
 
     def flops_per_token(self, seq_len=None):
         """Training FLOPs per token, PaLM-style: forward + backward = 3x forward; 2 per mul-add."""
-        cfg, hs = self.config, self.config.n_embd // self.config.n_head
+        cfg = self.config
+        hs = cfg.n_embd // cfg.n_head
         static = sum(r.weight.numel() for r in self.routers() if isinstance(r, StaticRouter))
         hc_weights = sum(p.numel() for hc in self.hyper_connections() for p in hc.parameters())
         matmuls = 6 * (self.num_params() - static - hc_weights)  # lm_head: the tied embedding

@@ -1,2 +1,3 @@
-"""How, not what: fused Triton kernels for LIMe's mix (fused.py, switched on by
-lime.use_fused_kernels), and the CPU training loss in less memory (cross_entropy.py)."""
+"""How, not what: faster versions of lime.py's LIMe mix (and loss), picked by
+lime.use_fused_kernels. cpu.py: for a CPU (the default there); fused.py: Triton kernels for CUDA
+GPUs."""

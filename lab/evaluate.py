@@ -307,6 +307,17 @@ class TaskScorer:
         self.n, self.name, self.block_size = len(examples), os.path.basename(task), block_size
         self.protocol = protocol
 
+    @classmethod
+    def for_training(cls, config, rank, world_size):
+        """The scorer of train.py's mc_task, after checking the keys that set it up."""
+        if not config['mc_task']:
+            fail("mc_interval needs mc_task: 'hellaswag' or a task file")
+        if config['mc_interval'] % config['eval_interval']:
+            fail(f"mc_interval ({config['mc_interval']}) must be a multiple of eval_interval "
+                 f"({config['eval_interval']})")
+        return cls(config['mc_task'], config['mc_examples'], config['vocab_size'],
+                   config['block_size'], rank, world_size)
+
     def score(self, model, device, autocast, compiled):
         """(acc, acc_norm) over all processes' examples, model in eval mode meanwhile: by summed
         loss, and by loss per token or character (the protocol's). compiled pads every forward to

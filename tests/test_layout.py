@@ -1,15 +1,16 @@
 """
 The reading path's limits, which hold for the project from now on: the top level is the card
-(lime.py, train.py, sample.py, prepare.py, configurator.py, test_lime.py) and stays short enough to
-read end to end; what a default run does not use lives in folders and is imported only when asked
-for; the README is the way in, not the manual.
+(lime.py, train.py, sample.py, prepare.py, test_lime.py) with the two modules that serve it
+(configurator.py reads the settings, bookkeeping.py keeps a run's out_dir); what a default run does
+not use lives in folders and is imported only when asked for; LIMe's mechanism reads in one place;
+the README is the way in, not the manual. Lines are not counted: clarity, not a budget, sets length.
 """
 import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-CARD = ['lime.py', 'train.py', 'sample.py', 'prepare.py', 'configurator.py', 'test_lime.py']
-CORE = ['lime.py', 'train.py', 'sample.py', 'configurator.py']  # the model, and running it
+CARD = ['lime.py', 'train.py', 'sample.py', 'prepare.py', 'test_lime.py',
+        'configurator.py', 'bookkeeping.py']
 FOLDERS = {p.name for p in ROOT.iterdir() if p.is_dir() and any(p.glob('*.py'))}
 
 
@@ -21,10 +22,7 @@ def test_the_top_level_python_files_are_the_card():
     assert sorted(p.name for p in ROOT.glob('*.py')) == sorted(CARD)
 
 
-def test_the_card_fits_its_line_budget():
-    counts = {name: len(lines(name)) for name in CARD}
-    assert sum(counts[name] for name in CORE) <= 1100, counts
-    assert sum(counts.values()) <= 1650, counts
+def test_the_card_has_no_line_over_100_characters():
     long = [f"{name}:{i}" for name in CARD for i, line in enumerate(lines(name), 1)
             if len(line) > 100]
     assert not long, f"lines over 100 characters: {long}"

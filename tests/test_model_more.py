@@ -70,7 +70,7 @@ def test_dynamic_router_with_top_p_learns_from_its_first_step():
             own = router.proj(torch.randn(1, 32)).view(router.n_kv_head, -1).softmax(-1)[:, -1]
             assert_close(own, torch.full_like(own, 0.9 * p), 1e-5, what=f'own share at p = {p}')
             assert router.proj.weight.grad.abs().max() > 0, f"no gradient at p = {p}"
-    too_low = r"router_top_p \(0.5\) must be in \(0.53, 1\] for 'dynamic'"
+    too_low = r"router_top_p must be in \(0.53, 1\] for 'dynamic', got 0.5"
     with pytest.raises(ValueError, match=too_low):
         # Layer 1 has two sources, 0.9p and 1 - 0.9p at init: the second holds p alone when
         # p <= 1/1.9 (and at p <= 0.5 one of any two always does), hence the bound 0.53.
