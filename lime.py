@@ -15,7 +15,6 @@ parts; the GPT; checkpoints. Shapes: B batch, T time, D width, H query heads, G 
 head size, S source layers (l + 1 at layer l). Keys and values travel together as one tensor kv
 (B, T, 2, G, hs): a router mixes both with the same weights.
 """
-import importlib.util
 import math
 import os
 import sys
@@ -204,24 +203,19 @@ def top_p_mask(weights, p):
 mix_kernels = None
 
 
-def use_fused_kernels(fused, device):
+def use_fused_kernels(fused, device, shape=None):
     """Set the switch for every model (the scripts' `fused` key). None: on a CPU kernels/cpu.py
-    (faster there), on CUDA kernels/fused.py's Triton kernels if triton is installed; True: the
-    Triton kernels (on a CPU through Triton's interpreter: for tests); False: the plain PyTorch
-    here, everywhere. tests/test_fused.py holds each module to the plain PyTorch."""
+    (faster there); on CUDA the plain PyTorch here, which torch.compile fuses (the Triton kernels
+    are opt-in until tested on a GPU). True: kernels/fused.py's Triton kernels (on a CPU through
+    Triton's interpreter: for tests), or a ValueError saying why not. False: the plain PyTorch
+    here, everywhere. shape, the run's (kv heads, head size, dtype): the Triton kernels first
+    check themselves at it on the GPU. tests/test_fused.py holds each module to this file."""
     global mix_kernels
-    have_triton = importlib.util.find_spec('triton') is not None
-    if fused and not have_triton:
-        raise ValueError("fused=True needs triton (pip install triton); or use fused=None / False")
-    on_cuda = str(device).startswith('cuda')
-    if fused or (fused is None and on_cuda and have_triton):
-        name = 'kernels.fused'
-    elif fused is None and not on_cuda:
-        name = 'kernels.cpu'
-    else:
-        name = None
-    # Imported now, not inside a traced forward.
-    mix_kernels = importlib.import_module(name) if name else None
+    mix_kernels = None
+    if fused is not False:
+        import kernels  # only when asked for: the package decides what can run here
+        mix_kernels = kernels.choose(fused, device, shape)
+    return mix_kernels
 
 
 # -----------------------------------------------------------------------------

@@ -16,8 +16,8 @@ keeps alive anyway.
     dynamic_mix(probs, memory)  probs (B, T, G, S)
 
 On a machine without CUDA the kernels run under Triton's interpreter (slowly: that is for tests).
-The interpreter must be chosen before any kernel is defined, so importing this file sets
-TRITON_INTERPRET=1 there; its tl.dot is wrong on bfloat16, so the kernels upcast when interpreting.
+The interpreter must be chosen before triton is imported, so importing this file first sets
+TRITON_INTERPRET=1 there (and refuses to load if triton came first); its tl.dot is wrong on bfloat16, so the kernels upcast when interpreting.
 
 On a GPU (tests/test_kernels_compile.py compiles every kernel for sm_80 and sm_90 ahead of time,
 at every shape the repo ships; docs/performance.md has what it found):
@@ -34,16 +34,28 @@ at every shape the repo ships; docs/performance.md has what it found):
 """
 import contextlib
 import os
+import re
+import sys
 from typing import Optional
 
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault('TRITON_INTERPRET', '1')
+if not torch.cuda.is_available() and 'TRITON_INTERPRET' not in os.environ:
+    if 'triton' in sys.modules:  # triton.language's own helpers were built for a GPU then
+        raise ImportError("without CUDA the kernels run under Triton's interpreter, which must be "
+                          "chosen before triton is imported: start with TRITON_INTERPRET=1")
+    os.environ['TRITON_INTERPRET'] = '1'
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 INTERPRET = os.environ.get('TRITON_INTERPRET') == '1'
+# triton.autotune takes a do_bench hook from 3.3 on (3.1 refuses the argument; 3.2 takes it and
+# never calls it, and then every timing run would add the gradients again: autotuned() checks).
+MIN_TRITON = (3, 3)
+TRITON_VERSION = tuple(int(x) for x in re.findall(r'\d+', triton.__version__)[:2])
+if TRITON_VERSION < MIN_TRITON:
+    raise ImportError(f"the fused kernels need triton >= {'.'.join(map(str, MIN_TRITON))}, "
+                      f"found {triton.__version__}")
 TL_DTYPES = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 # ---------------------------------------------------------------------------------------------
@@ -56,9 +68,9 @@ CANDIDATES = [triton.Config({'ROWS': 2 ** i}, num_warps=w) for w in (4, 8) for i
 single_config = INTERPRET  # the default tile only (tests switch it off to exercise autotuning)
 
 
-def pick(configs, rows, smallest=1):
-    """The default (rows, 4 warps) first, then its neighbours, from configs."""
-    wanted = [(rows, 4), (rows // 2, 4), (rows, 8), (2 * rows, 8)]
+def pick(configs, rows, smallest=1, warps=4):
+    """The default (rows, warps) first, then its neighbours, from configs."""
+    wanted = [(rows, warps), (rows // 2, warps), (rows, 8), (2 * rows, 8)]
     wanted = [w for i, w in enumerate(wanted) if w[0] >= smallest and w not in wanted[:i]]
     if single_config:
         wanted = wanted[:1]
@@ -75,12 +87,17 @@ def static_tiles(elements):
     at G = 32). The forward holds less: 4096 elements. Float32 tiles take a quarter of the
     elements (with half, ptxas spilled a few bytes on sm_80 at most shapes). The backward's
     tl.dot over the tile's columns needs at least 16 of them in 16-bit types (8 in float32):
-    narrower tiles are never tried."""
+    narrower tiles are never tried. (With the sources' loads made 16-byte vectors, the
+    backward at G = 32, one row on 4 warps, took 134 registers on sm_90: such a tile, over its
+    budget at one row, goes to 8 warps by default in 16-bit types.)"""
     def prune(configs, named_args, **meta):
         GP, HSP, bits = meta['GP'], meta['HSP'], meta['DTYPE'].primitive_bitwidth
         smallest = triton.cdiv(256 // bits, HSP)  # 16 columns in 16-bit types, 8 in float32
         rows = elements // (bits // 16) ** 2 // (GP * HSP)
-        return pick(configs, max(smallest, rows), smallest)
+        # A 16-bit tile that fills the budget at its narrowest (G = 32 at head size 64) spreads
+        # over 8 warps.
+        warps = 8 if bits == 16 and GP * HSP * smallest >= elements else 4
+        return pick(configs, max(smallest, rows), smallest, warps)
     return prune
 
 
@@ -110,8 +127,17 @@ def autotuned(prune, key=('G', 'HS'), trial_flag=None):
         nonlocal tuner
         tuner = triton.autotune(CANDIDATES, key=list(key), do_bench=do_bench,
                                 prune_configs_by={'early_config_prune': prune})(kernel)
+        check_hook(tuner, do_bench)
         return tuner
     return wrap
+
+
+def check_hook(tuner, do_bench):
+    """Refuse a tuner that would not time configs through do_bench: a backward kernel timed
+    without the trial flag adds its gradients once per timing run (hundreds of times)."""
+    if getattr(tuner, '_do_bench', None) is not do_bench:
+        raise ImportError(f"triton {triton.__version__}'s autotune does not use the do_bench "
+                          "hook that the fused kernels' timing needs")
 
 
 def benchmarker():
@@ -155,7 +181,7 @@ def static_mix_fwd_kernel(src_ptrs, R, out, n_rows, S, G: tl.constexpr, HS: tl.c
     r_mask = (g < G)[:, None] & (g < G)[None, :]
     acc = tl.zeros((GP, ROWS * HSP), dtype=tl.float32)
     for m in range(S):
-        src = tl.load(src_ptrs + m).to(tl.pointer_type(DTYPE))
+        src = tl.multiple_of(tl.load(src_ptrs + m).to(tl.pointer_type(DTYPE)), 16)
         x = tl.load(src + tile, mask=mask, other=0.0)
         r = tl.load(R + r_tile + m * G, mask=r_mask, other=0.0)
         if FP32_DOT:
@@ -170,9 +196,10 @@ def static_mix_fwd_kernel(src_ptrs, R, out, n_rows, S, G: tl.constexpr, HS: tl.c
 def static_mix_bwd_kernel(src_ptrs, R, dout, grads, grads_stride, dR_part, accumulate, n_rows, S,
                           G: tl.constexpr, HS: tl.constexpr, GP: tl.constexpr,
                           HSP: tl.constexpr, DTYPE: tl.constexpr, FP32_DOT: tl.constexpr,
-                          PRECISION: tl.constexpr, ROWS: tl.constexpr):
+                          PRECISION: tl.constexpr, FIRST: tl.constexpr, ROWS: tl.constexpr):
     # A fixed number of programs, each looping over tiles. Source m's gradient is added into
-    # grads[m] (read, add in fp32, write back). R's gradient is summed per program in a small
+    # grads[m] (read, add in fp32, write back), or, by the first mix to run backward (FIRST),
+    # written there. R's gradient is summed per program in a small
     # private slice of dR_part (S, GP, GP) (no atomics, so it is deterministic), which the
     # program zeroes first, and the slices are added up afterwards.
     pid, n_programs = tl.program_id(0), tl.num_programs(0)
@@ -193,7 +220,7 @@ def static_mix_bwd_kernel(src_ptrs, R, dout, grads, grads_stride, dR_part, accum
         if FP32_DOT:
             dy = dy.to(tl.float32)
         for m in range(S):
-            src = tl.load(src_ptrs + m).to(tl.pointer_type(DTYPE))
+            src = tl.multiple_of(tl.load(src_ptrs + m).to(tl.pointer_type(DTYPE)), 16)
             x = tl.load(src + tile, mask=mask, other=0.0)
             r = tl.load(R + r_tile + m * G, mask=r_mask, other=0.0)
             if FP32_DOT:
@@ -203,8 +230,11 @@ def static_mix_bwd_kernel(src_ptrs, R, dout, grads, grads_stride, dR_part, accum
             # d src_m[h, :] = sum_g R[g, h] dout[g, :]
             dx = tl.dot(tl.trans(r), dy, input_precision=PRECISION)
             grad = grads + tl.cast(m, tl.int64) * grads_stride + tile
-            old = tl.load(grad, mask=mask, other=0.0).to(tl.float32)
-            tl.store(grad, tl.where(keep, old, old + dx).to(DTYPE), mask=mask)
+            if FIRST:
+                tl.store(grad, dx.to(DTYPE), mask=mask)
+            else:
+                old = tl.load(grad, mask=mask, other=0.0).to(tl.float32)
+                tl.store(grad, tl.where(keep, old, old + dx).to(DTYPE), mask=mask)
             # d R[g, h] = sum over the tile of dout[g, :] src_m[h, :]
             dr = tl.dot(dy, tl.trans(x), input_precision=PRECISION)
             tl.store(part + m * GP * GP, tl.load(part + m * GP * GP) + dr)
@@ -220,7 +250,9 @@ def check_sources(sources):
     if x.device.type != 'cuda' and not INTERPRET:
         raise RuntimeError("fused=True on a CPU tensor needs Triton's interpreter: set "
                            "TRITON_INTERPRET=1 before starting Python, or use fused=None / False")
-    return [s.contiguous() for s in sources]
+    # The kernels load sources in 16-byte vectors (tl.multiple_of): a view that starts
+    # elsewhere (torch allocates at 512-byte boundaries) is copied.
+    return [s if s.is_contiguous() and s.data_ptr() % 16 == 0 else s.clone() for s in sources]
 
 
 def kernel_meta(x):
@@ -278,16 +310,22 @@ def static_forward_launch(R, sources, out):
     return static_mix_fwd_kernel, grid, (addresses(sources), R, out, n_rows, len(sources)), meta
 
 
-def static_backward_launch(grad, R, sources, grads, dR_part):
+def static_backward_launch(grad, R, sources, grads, dR_part, first=False):
     meta = kernel_meta(grad)
-    meta.update(GP=dR_part.shape[-1], PRECISION=dot_precision(grad.dtype))
+    meta.update(GP=dR_part.shape[-1], PRECISION=dot_precision(grad.dtype), FIRST=first)
     n_rows = grad.numel() // (meta['G'] * meta['HS'])
     args = (addresses(sources), R, grad, grads, grads.stride(0), dR_part, trial_flag(grad.device),
             n_rows, len(sources))
     return static_mix_bwd_kernel, (dR_part.shape[0],), args, meta
 
 
-@torch.library.custom_op('lime::static_mix', mutates_args=())
+# The ops launch kernels on pointers read at the call (addresses()): a CUDA graph replaying them
+# would read tensors that may no longer be there, so they are marked unsafe for CUDA graphs, and
+# torch.compile(mode='reduce-overhead') leaves them out of its graphs.
+UNSAFE_FOR_CUDA_GRAPHS = [torch.Tag.cudagraph_unsafe] if hasattr(torch.Tag, 'cudagraph_unsafe') else []
+
+
+@torch.library.custom_op('lime::static_mix', mutates_args=(), tags=UNSAFE_FOR_CUDA_GRAPHS)
 def static_mix_op(R: torch.Tensor, sources: list[torch.Tensor],
                   grads: Optional[torch.Tensor]) -> torch.Tensor:
     """sum_m sum_h R[g, m*G + h] * sources[m][..., h, :], for sources of shape (B, T, 2, G, hs).
@@ -304,10 +342,12 @@ def _(R, sources, grads):
     return torch.empty_like(sources[0])
 
 
-@torch.library.custom_op('lime::static_mix_backward', mutates_args=('grads',))
+@torch.library.custom_op('lime::static_mix_backward', mutates_args=('grads',),
+                         tags=UNSAFE_FOR_CUDA_GRAPHS)
 def static_mix_backward(grad: torch.Tensor, R: torch.Tensor, sources: list[torch.Tensor],
-                        grads: torch.Tensor) -> torch.Tensor:
-    """Adds each source's gradient into grads[m]; returns R's gradient (G, S*G)."""
+                        grads: torch.Tensor, first: bool = False) -> torch.Tensor:
+    """Adds each source's gradient into grads[m] (first: writes it); returns R's gradient
+    (G, S*G)."""
     sources = check_sources(sources)
     grad = grad.contiguous()
     _, _, _, G, HS = grad.shape
@@ -316,13 +356,13 @@ def static_mix_backward(grad: torch.Tensor, R: torch.Tensor, sources: list[torch
     # every program zeroes its own slice first
     dR_part = torch.empty((programs, S, GP, GP), dtype=torch.float32, device=grad.device)
     with on_device(grad):
-        launch(*static_backward_launch(grad, R.contiguous(), sources, grads, dR_part))
+        launch(*static_backward_launch(grad, R.contiguous(), sources, grads, dR_part, first))
     dR = dR_part.sum(0)[:, :G, :G]  # (m, g, h) -> R's layout (g, m*G + h)
     return dR.transpose(0, 1).reshape(G, S * G).to(R.dtype)
 
 
 @static_mix_backward.register_fake
-def _(grad, R, sources, grads):
+def _(grad, R, sources, grads, first=False):
     return torch.empty_like(R)
 
 
@@ -346,7 +386,7 @@ def dynamic_mix_fwd_kernel(src_ptrs, probs, out, n_rows, S, G: tl.constexpr, HS:
     mask = (row < n_rows)[:, None] & (d < HS)[None, :]
     acc = tl.zeros((ROWS, 2 * HSP), dtype=tl.float32)
     for m in range(S):
-        src = tl.load(src_ptrs + m).to(tl.pointer_type(DTYPE))
+        src = tl.multiple_of(tl.load(src_ptrs + m).to(tl.pointer_type(DTYPE)), 16)
         x = tl.load(src + tile, mask=mask, other=0.0).to(tl.float32)
         p = tl.load(probs + row.to(tl.int64) * S + m, mask=row < n_rows, other=0.0)
         acc += p.to(tl.float32)[:, None] * x
@@ -357,7 +397,8 @@ def dynamic_mix_fwd_kernel(src_ptrs, probs, out, n_rows, S, G: tl.constexpr, HS:
 @triton.jit(do_not_specialize=['S'])  # one compile for every layer
 def dynamic_mix_bwd_kernel(src_ptrs, probs, dout, grads, grads_stride, dprobs, accumulate, n_rows,
                            S, G: tl.constexpr, HS: tl.constexpr, HSP: tl.constexpr,
-                           DTYPE: tl.constexpr, FP32_DOT: tl.constexpr, ROWS: tl.constexpr):
+                           DTYPE: tl.constexpr, FP32_DOT: tl.constexpr, FIRST: tl.constexpr,
+                           ROWS: tl.constexpr):
     row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     col = tl.arange(0, 2 * HSP)
     c, d = col // HSP, col % HSP
@@ -367,13 +408,16 @@ def dynamic_mix_bwd_kernel(src_ptrs, probs, dout, grads, grads_stride, dprobs, a
     keep = tl.load(accumulate) == 0  # an autotuning trial: write the gradients back unchanged
     dy = tl.load(dout + tile, mask=mask, other=0.0).to(tl.float32)  # read once for all S sources
     for m in range(S):
-        src = tl.load(src_ptrs + m).to(tl.pointer_type(DTYPE))
+        src = tl.multiple_of(tl.load(src_ptrs + m).to(tl.pointer_type(DTYPE)), 16)
         x = tl.load(src + tile, mask=mask, other=0.0).to(tl.float32)
         p_at = probs + row.to(tl.int64) * S + m
         p = tl.load(p_at, mask=row < n_rows, other=0.0).to(tl.float32)
         grad = grads + tl.cast(m, tl.int64) * grads_stride + tile
-        old = tl.load(grad, mask=mask, other=0.0).to(tl.float32)
-        tl.store(grad, tl.where(keep, old, old + p[:, None] * dy).to(DTYPE), mask=mask)
+        if FIRST:  # the first mix to run backward: grads held nothing yet (see gradient_buffer)
+            tl.store(grad, (p[:, None] * dy).to(DTYPE), mask=mask)
+        else:
+            old = tl.load(grad, mask=mask, other=0.0).to(tl.float32)
+            tl.store(grad, tl.where(keep, old, old + p[:, None] * dy).to(DTYPE), mask=mask)
         tl.store(dprobs + row.to(tl.int64) * S + m,
                  tl.sum(dy * x, axis=1).to(dprobs.dtype.element_ty), mask=row < n_rows)
 
@@ -386,8 +430,9 @@ def dynamic_forward_launch(probs, sources, out):
                                           len(sources)), meta
 
 
-def dynamic_backward_launch(grad, probs, sources, grads, dprobs):
+def dynamic_backward_launch(grad, probs, sources, grads, dprobs, first=False):
     meta = kernel_meta(grad)
+    meta['FIRST'] = first
     n_rows = grad.numel() // (2 * meta['HS'])
     grid = lambda cfg: (triton.cdiv(n_rows, cfg['ROWS']),)  # noqa: E731
     args = (addresses(sources), probs, grad, grads, grads.stride(0), dprobs,
@@ -395,7 +440,7 @@ def dynamic_backward_launch(grad, probs, sources, grads, dprobs):
     return dynamic_mix_bwd_kernel, grid, args, meta
 
 
-@torch.library.custom_op('lime::dynamic_mix', mutates_args=())
+@torch.library.custom_op('lime::dynamic_mix', mutates_args=(), tags=UNSAFE_FOR_CUDA_GRAPHS)
 def dynamic_mix_op(probs: torch.Tensor, sources: list[torch.Tensor],
                    grads: Optional[torch.Tensor]) -> torch.Tensor:
     """sum_m probs[b, t, g, m] * sources[m][b, t, :, g, :], for sources of shape
@@ -412,21 +457,23 @@ def _(probs, sources, grads):
     return torch.empty_like(sources[0])
 
 
-@torch.library.custom_op('lime::dynamic_mix_backward', mutates_args=('grads',))
+@torch.library.custom_op('lime::dynamic_mix_backward', mutates_args=('grads',),
+                         tags=UNSAFE_FOR_CUDA_GRAPHS)
 def dynamic_mix_backward(grad: torch.Tensor, probs: torch.Tensor, sources: list[torch.Tensor],
-                         grads: torch.Tensor) -> torch.Tensor:
-    """Adds each source's gradient into grads[m]; returns the probabilities' gradient
-    (B, T, G, S)."""
+                         grads: torch.Tensor, first: bool = False) -> torch.Tensor:
+    """Adds each source's gradient into grads[m] (first: writes it); returns the probabilities'
+    gradient (B, T, G, S)."""
     sources = check_sources(sources)
     probs = probs.contiguous()
     dprobs = torch.empty_like(probs)
     with on_device(grad):
-        launch(*dynamic_backward_launch(grad.contiguous(), probs, sources, grads, dprobs))
+        launch(*dynamic_backward_launch(grad.contiguous(), probs, sources, grads, dprobs,
+                                        first))
     return dprobs
 
 
 @dynamic_mix_backward.register_fake
-def _(grad, probs, sources, grads):
+def _(grad, probs, sources, grads, first=False):
     return torch.empty_like(probs)
 
 
@@ -435,13 +482,17 @@ def _(grad, probs, sources, grads):
 # autograd, each of them would return a fresh gradient for it and autograd would add them up:
 # about 4 N bytes of traffic per (layer, source) pair, and many such tensors alive at once at
 # depth. Instead every mix's backward adds its share into one buffer for the whole memory, grads
-# (L, B, T, 2, G, hs), and a source gets its gradient from the mix of its own layer only (layer
-# 1's for layer 0, which has no router). That mix runs its backward last among the source's
-# readers (every later layer depends on its output), so by then the sum is complete. This is
-# right for a backward pass through the whole model, the only use here; it is not a per-op
+# (L, B, T, 2, G, hs) in the sources' dtype, and a source gets its gradient from the mix of its
+# own layer only (layer 1's for layer 0, which has no router). That mix runs its backward last
+# among the source's readers (every later layer depends on its output), so by then the sum is
+# complete. The last layer's mix runs its backward first, and writes its shares rather than
+# adding them, so a second backward through the same graph (retain_graph) starts afresh. This
+# is right for backward passes through the whole model, the only use here; it is not a per-op
 # gradient (autograd.grad of one layer's mix would miss the earlier sources), so a mix given a
 # plain list, not the model's LayerMemory, keeps a buffer of its own and returns every source's
-# gradient, as any op does.
+# gradient, as any op does. Compiled, the buffer must stay inside one graph: lime.py's model
+# compiles with fullgraph=True while these kernels are on (NEEDS_ONE_GRAPH).
+NEEDS_ONE_GRAPH = True
 
 
 class LayerMemory(list):
@@ -481,7 +532,9 @@ def backward_with(backward_op):
         weights, *sources = ctx.saved_tensors
         S, shared = len(sources), ctx.shared_grads
         grads = shared if shared is not None else grad.new_zeros((S, *grad.shape))
-        dweights = backward_op(grad, weights, sources, grads)
+        # The last layer reads every source: its mix is the first to run backward.
+        first = shared is not None and S == len(shared)
+        dweights = backward_op(grad, weights, sources, grads, first)
         if shared is None:
             return dweights, list(grads.unbind(0)), None
         # The own layer's source is the last; layer 0 has no router, so layer 1's mix (S = 2),
@@ -507,3 +560,75 @@ def dynamic_mix(probs, memory):
 
 # lime.py asks the kernels in use for the training loss too: on a GPU, torch's own is the fastest.
 cross_entropy = torch.nn.functional.cross_entropy
+
+
+# ---------------------------------------------------------------------------------------------
+# The self-check: what no CPU test can show (the compiled kernels, a GPU's bf16 arithmetic, the
+# installed torch and triton), checked on the user's GPU before a run trusts the kernels.
+
+def self_check(G, hs, dtype, device):
+    """None if both mixes give, on device, what lime.py's plain mix gives in float32, else a
+    line saying what differed. Three source layers of (1, 37, 2, G, hs) (an odd length, so tiles
+    end part-full), with real autotuning: the output, every source's gradient and the router
+    weights' gradient, at tolerances for dtype; the gradients must be added to the buffer exactly
+    once (it is pre-filled with known values) and written, not added, by the first mix to run
+    backward. The tile autotuned here is forgotten afterwards: the run tunes at its own shape."""
+    try:
+        return compare_with_plain(G, hs, dtype, torch.device(device))
+    except Exception as e:  # a compile or launch failure, say: the plain mix still works
+        lines = str(e).strip().splitlines() or [type(e).__name__]
+        return f"the self-check failed: {type(e).__name__}: {lines[-1][:200]}"
+    finally:
+        for kernel in (static_mix_fwd_kernel, static_mix_bwd_kernel, dynamic_mix_fwd_kernel,
+                       dynamic_mix_bwd_kernel):
+            kernel.cache.clear()
+
+
+def compare_with_plain(G, hs, dtype, device):
+    S, shape = 3, (1, 37, 2, G, hs)
+    gen = torch.Generator().manual_seed(0)  # its own: the run's random state is left alone
+    sources = [torch.randn(shape, generator=gen).to(dtype).float() for _ in range(S)]
+    R = torch.randn(G, S * G, generator=gen)
+    probs = torch.randn(1, 37, G, S, generator=gen).softmax(-1)
+    dout = torch.randn(shape, generator=gen).to(dtype).float()
+    # float32 reads TF32 where torch allows it for its matmuls; 16-bit types round the output
+    tolerance = {torch.float32: 5e-3, torch.float16: 5e-3}.get(dtype, 2e-2)
+    mixes = {
+        'static': (static_mix, R, lambda w, kv: w @ torch.cat(kv, dim=3)),
+        'dynamic': (dynamic_mix, probs,
+                    lambda w, kv: sum(x * w[:, :, None, :, m, None] for m, x in enumerate(kv))),
+    }
+    for name, (mix, weights, plain) in mixes.items():
+        # the reference: lime.py's plain mix, in float32 on the CPU
+        ref_weights = weights.clone().requires_grad_()
+        ref_sources = [x.clone().requires_grad_() for x in sources]
+        ref_out = plain(ref_weights, ref_sources)
+        ref_out.backward(dout)
+        for n_layer in (S, S + 1):  # the last layer's mix (writes), an earlier one's (adds)
+            prefill = 0.5
+            memory = LayerMemory(n_layer)
+            memory.extend(x.to(device, dtype, copy=True).requires_grad_() for x in sources)
+            memory.grad = torch.full((n_layer, *shape), prefill, device=device)
+            w = weights.to(device, copy=True).requires_grad_()
+            out = mix(w, memory)
+            out.backward(dout.to(device, dtype))
+            added = memory.grad[:S].cpu() - (0.0 if n_layer == S else prefill)
+            checks = [('output', out, ref_out), ('weights\' gradient', w.grad, ref_weights.grad)]
+            checks += [(f"source {m}'s gradient", added[m], ref_sources[m].grad)
+                       for m in range(S)]
+            for what, got, want in checks:
+                error = relative_error(got, want)
+                if not error <= tolerance:
+                    return (f"the self-check of the {name} mix on {device} (G={G}, hs={hs}, "
+                            f"{str(dtype).replace('torch.', '')}) found its {what} off by "
+                            f"{error:.1e} (relative; allowed {tolerance:.0e})")
+            if n_layer > S and not bool((memory.grad[S] == prefill).all()):
+                return (f"the self-check of the {name} mix found a gradient slot changed that "
+                        "it must not touch")
+    return None
+
+
+def relative_error(got, want):
+    """max |got - want| over max |want|, in float32 on the CPU."""
+    got, want = got.detach().float().cpu(), want.detach().float().cpu()
+    return ((got - want).abs().max() / want.abs().max().clamp_min(1e-12)).item()

@@ -40,7 +40,7 @@ GPU_SHAPES = ['gpt2', 'paper_1b', 'paper_1b_gqa', 'deep']  # what --shape=all ru
 shape = 'gpt2'  # one of SHAPES, or 'all' for every GPU shape; on a CPU the default becomes 'tiny'
 routers = 'none,static,dynamic'  # '-plain': lime.py's plain mix; 'hc', '-hc': hyper-connections (see above)
 hyper_connections = 4  # streams of the HC rows (the paper's rate)
-fused = None  # the LIMe mix: None = kernels/fused.py on CUDA (lime.use_fused_kernels), True / False
+fused = None  # the LIMe mix: None = the fastest tested (lime.use_fused_kernels), True = Triton
 batch_size = 0  # 0 means the shape's own
 steps = 20  # timed steps per router
 warmup = 5  # untimed steps first (compilation happens in the first; at least 1)

@@ -74,7 +74,7 @@ seed = 1337  # draws the solved examples
 device = 'cuda' if torch.cuda.is_available() else 'cpu'
 dtype = 'bfloat16'  # 'bfloat16' (autocast) or 'float32'; on a CPU the default becomes float32
 compile = True  # torch.compile the model, every forward padded to block_size; on a CPU the default is False
-fused = None  # LIMe's mix as fused Triton kernels: None = where they run natively (CUDA), or True / False
+fused = None  # LIMe's mix: None = the fastest tested (lime.use_fused_kernels), True = Triton
 # -----------------------------------------------------------------------------
 
 

@@ -17,7 +17,8 @@ full run too).
 
 Asserted: every config compiles; none needs more shared memory per block than the GPU allows
 (SMEM_LIMIT); at the default configs nothing spills (no stack frame) and, in bfloat16, at most
-128 registers per thread (16 warps per SM).
+128 registers per thread (16 warps per SM); in bfloat16 at head sizes that are multiples of 8, no
+load from global memory is narrower than 4 bytes (the sources' loads are 16-byte vectors).
 
 CI compiles a representative part, about 100 compiles, ~20 s of CPU (ci_cases says which). All
 of it, about 1,500 compiles (~5 min of CPU), and the tables in docs/performance.md:
@@ -249,12 +250,21 @@ def worker(which, out_path):
             try:
                 compiled = tuner.fn.warmup(*args, grid=grid, **meta, **config.all_kwargs())
                 regs, stack, static_smem = resources(compiled, tool)
-                row.update(regs=regs, stack=stack, smem=compiled.metadata.shared + static_smem)
+                row.update(regs=regs, stack=stack, smem=compiled.metadata.shared + static_smem,
+                           narrow_loads=narrow_loads(compiled.asm['ptx']))
             except Exception as e:  # recorded; the test fails on it
                 row['error'] = f'{type(e).__name__}: {str(e).strip().splitlines()[-1][:300]}'
             rows.append(row)
     with open(out_path, 'w') as f:
         json.dump(rows, f)
+
+
+def narrow_loads(ptx):
+    """The PTX's 2-byte loads from global memory (one bf16 element each; plain loads or copies
+    into shared memory): 16-byte vectors need the sources' addresses known to be aligned."""
+    plain = re.findall(r'ld\.global\S*\.[bu]16\b', ptx)
+    copies = re.findall(r'cp\.async\S* \[[^]]*\], \[[^]]*\], (?:0x2|2)\b', ptx)
+    return len(plain) + len(copies)
 
 
 def run_worker(which, out_path, cache_dir):
@@ -291,6 +301,9 @@ def problems(rows):
             found.append(f"{where}: {r['smem']} B of shared memory > {SMEM_LIMIT[r['arch']]}")
         if r['default'] and r['stack']:
             found.append(f"{where}: default config spills ({r['stack']} B stack frame)")
+        if r['dtype'] == 'bf16' and r['hs'] % 8 == 0 and r.get('narrow_loads'):
+            found.append(f"{where}: {r['narrow_loads']} 2-byte loads (the sources' loads should "
+                         "be vectors of 8 or 16 bytes)")
         if r['default'] and r['dtype'] == 'bf16' and r['regs'] > MAX_REGS_DEFAULT:
             found.append(f"{where}: default config uses {r['regs']} registers "
                          f"({warps_per_sm(r)} warps per SM)")
@@ -468,7 +481,11 @@ def test_the_prune_offers_only_tiles_that_compile_and_the_default_first(single, 
                 for prune in (static_fwd, static_bwd, dynamic):
                     configs = prune(fused.CANDIDATES, {}, **meta)
                     assert len(configs) == 1 if single else 2 <= len(configs) <= 4
-                    assert configs[0].num_warps == 4
+                    # 8 warps only for a 16-bit static tile that fills its budget at one row
+                    budget = 2048 if prune is static_bwd else 4096
+                    wide = prune is not dynamic and dtype != tl.float32 and GP * HSP * max(
+                        1, -(-least // HSP)) >= budget
+                    assert configs[0].num_warps == (8 if wide else 4), meta
                     assert len({(c.kwargs['ROWS'], c.num_warps) for c in configs}) == len(configs)
                     if prune is not dynamic:
                         assert all(c.kwargs['ROWS'] * HSP >= least for c in configs), meta
