@@ -41,6 +41,9 @@ overwrite = False  # replace a run already in out_dir (without this, a scratch r
 mc_task = ''  # a multiple-choice task to score: 'hellaswag' or a task file (lab/evaluate.py)
 mc_interval = 0  # steps between those scorings, a multiple of eval_interval; 0 = never
 mc_examples = 1000  # the task's first this many examples, shared among processes
+wandb_log = False  # log.txt's records to Weights & Biases too (pip install wandb; rank 0 only)
+wandb_project = 'lime'  # the W&B project the runs go to
+wandb_run_name = ''  # '' = a name made from the config: router, shape, out_dir
 # model (GPTConfig in lime.py says what each means)
 n_layer = 12
 n_head = 12
