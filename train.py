@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import bookkeeping
 from configurator import configure, fail, or_fail
 from lime import GPT, GPTConfig, use_fused_kernels
-from prepare import Batches, read_shard, shard_paths, token_bytes
+from prepare import Batches, prepare_if_default, read_shard, shard_paths, token_bytes
 
 # -----------------------------------------------------------------------------
 # default config values: a GPT-2-small-shaped LIMe model on FineWeb-Edu, on one GPU
@@ -137,6 +137,10 @@ torch.manual_seed(seed)
 
 # -----------------------------------------------------------------------------
 # data: every shard is checked now, before step 0 (prepare.Batches reads them all)
+if master:  # data/pydoc, missing: made now, so the quick start needs no prepare.py step
+    prepare_if_default(data_dir)
+if ddp:
+    dist.barrier()  # the other processes read the data once it is whole
 if not os.path.isdir(data_dir):  # checked before a model is built, which can take a while
     fail(f"data_dir not found: {data_dir} (prepare.py writes shards: `--source fineweb` for "
          "data/fineweb_edu; to start small, `python prepare.py` for config/cpu_demo.py)")

@@ -338,3 +338,21 @@ def test_wandb_is_not_imported_unless_asked_for_and_its_failures_are_one_line(da
                             capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
     assert_clean_error(result, 'wandb_log=True needs wandb: pip install wandb')
     assert not (tmp_path / 'never').exists()
+
+
+def test_data_pydoc_is_prepared_by_train_py_when_missing_and_kept_after(data_dir, tmp_path):
+    # A fresh clone, after an interrupted `python prepare.py`: a training shard and no validation
+    # shard. train.py makes the embedded data set there, as prepare.py does, saying so, and trains.
+    pydoc = tmp_path / 'data' / 'pydoc'
+    pydoc.mkdir(parents=True)
+    prepare.write_shard(pydoc / 'pydoc_train_000001.bin', [1, 2, 3])
+    result = train('data/pydoc', 'out', '--max_iters=1', '--eval_interval=1', cwd=tmp_path)
+    assert "data/pydoc holds no data set: preparing Python's docs there" in result.stdout
+    assert 'next:' not in result.stdout and (tmp_path / 'out' / 'ckpt.pt').exists()
+    made = sorted(p.name for p in pydoc.iterdir())
+    assert made == sorted(os.path.basename(p) for p in glob.glob(os.path.join(data_dir, '*.bin')))
+    for name in made:  # the same shards as prepare.py's
+        assert (pydoc / name).read_bytes() == open(os.path.join(data_dir, name), 'rb').read(), name
+    again = train('data/pydoc', 'out', '--max_iters=1', '--eval_interval=1', '--overwrite=True',
+                  cwd=tmp_path)
+    assert 'preparing' not in again.stdout
