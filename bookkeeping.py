@@ -103,6 +103,7 @@ class RunDir:
         self.out_dir = config['out_dir']
         self.ckpt_path = os.path.join(self.out_dir, 'ckpt.pt')
         self.log_file = None
+        self.wandb = None  # a Weights & Biases run, with wandb_log=True
         self.saved_step = None  # the step of the last checkpoint written or resumed from
 
     def claim(self, model, step):
@@ -114,6 +115,11 @@ class RunDir:
             self.saved_step = step
         if not self.master:
             return
+        if self.config.get('wandb_log'):  # checked before out_dir is touched
+            try:
+                import wandb  # optional: imported only when asked for
+            except ImportError:
+                fail("wandb_log=True needs wandb: pip install wandb (or leave wandb_log False)")
         try:
             os.makedirs(self.out_dir, exist_ok=True)
             log_file = open(os.path.join(self.out_dir, 'log.txt'), 'a+', errors='replace')
@@ -135,6 +141,16 @@ class RunDir:
         log_file.writelines([json.dumps(header) + '\n'] + records)
         log_file.flush()
         self.log_file = log_file
+        if self.config.get('wandb_log'):
+            name = self.config['wandb_run_name'] or default_run_name(self.config)
+            about = dict(self.config, params=header['params'],
+                         flops_per_token=header['flops_per_token'])
+            try:  # offline (WANDB_MODE=offline) it needs no account and no network
+                self.wandb = wandb.init(project=self.config['wandb_project'], name=name,
+                                        config=about, dir=self.out_dir)  # out_dir/wandb/
+            except Exception as e:  # no API key, no network: wandb's own words, on one line
+                fail(f"wandb could not start a run: {' '.join(str(e).split())} "
+                     "(WANDB_MODE=offline logs without an account)")
 
     def clear_for_scratch(self, had_log):
         held = []
@@ -156,6 +172,9 @@ class RunDir:
         """Add a record (a dict) to log.txt."""
         if self.master:
             print(json.dumps(record), file=self.log_file, flush=True)
+            if self.wandb is not None:  # the same record, its step W&B's step
+                self.wandb.log({k: v for k, v in record.items() if k != 'step'},
+                               step=record['step'])
 
     def log_eval(self, step, val_loss, val_bpb, mc=None):
         """Print an evaluation's line and record it; mc: (task name, acc, acc_norm) or None."""
@@ -225,6 +244,11 @@ class RunDir:
             advice = (f"No checkpoint was saved before it (the first comes at step {first}): "
                       "start again with a lower learning_rate and --overwrite=True")
         fail(f"{what} is {value} at step {step}: stopping. {advice}")
+
+
+def default_run_name(config):
+    """The W&B run's name when wandb_run_name gives none: the router, the shape and out_dir."""
+    return f"{config['router']} {config['n_layer']}x{config['n_embd']} {config['out_dir']}"
 
 
 def lock(log_file, out_dir):

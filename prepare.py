@@ -323,8 +323,6 @@ def prepare(documents, out_dir, prefix, args):
     write_shard(shard_path(out_dir, prefix, "val", 0), np.concatenate(val))
     print(f"wrote {n_train_shards + 1} shards to {out_dir} ({n_docs:,} documents): "
           f"val {n_val:,} tokens, train {n_train:,} tokens")
-    config = "config/gpt2.py" if prefix == PREFIXES["fineweb"] else "config/cpu_demo.py"
-    print(f"next: python train.py {config} --data_dir={out_dir}")
 
 
 def count(text):
@@ -389,6 +387,21 @@ def main(argv=None):
         for path in glob.glob(os.path.join(out_dir, f"{prefix}_*.bin")):
             os.remove(path)  # training shards written so far: leave no half set to mistake for data
         sys.exit(f"prepare.py: error: {e}")
+    if argv is None:  # run as a command: what to run next (train.py, calling main, runs it now)
+        config = "config/gpt2.py" if prefix == PREFIXES["fineweb"] else "config/cpu_demo.py"
+        print(f"next: python train.py {config} --data_dir={out_dir}")
+
+
+def prepare_if_default(data_dir):
+    """train.py's first step on a fresh clone: when data_dir is where `python prepare.py` puts the
+    embedded data set and holds no finished set (the validation shard is written last), make it."""
+    pydoc = PREFIXES["pydoc"]
+    if (os.path.normpath(data_dir) != os.path.join("data", pydoc)
+            or os.path.exists(shard_path(data_dir, pydoc, "val", 0))):
+        return
+    print(f"{data_dir} holds no data set: preparing Python's docs there (as `python prepare.py`)",
+          flush=True)
+    main(["--out_dir", data_dir])
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import bookkeeping
 from configurator import configure, fail, or_fail
 from lime import GPT, GPTConfig, use_fused_kernels
-from prepare import Batches, read_shard, shard_paths, token_bytes
+from prepare import Batches, prepare_if_default, read_shard, shard_paths, token_bytes
 
 # -----------------------------------------------------------------------------
 # default config values: a GPT-2-small-shaped LIMe model on FineWeb-Edu, on one GPU
@@ -41,6 +41,9 @@ overwrite = False  # replace a run already in out_dir (without this, a scratch r
 mc_task = ''  # a multiple-choice task to score: 'hellaswag' or a task file (lab/evaluate.py)
 mc_interval = 0  # steps between those scorings, a multiple of eval_interval; 0 = never
 mc_examples = 1000  # the task's first this many examples, shared among processes
+wandb_log = False  # log.txt's records to Weights & Biases too (pip install wandb; rank 0 only)
+wandb_project = 'lime'  # the W&B project the runs go to
+wandb_run_name = ''  # '' = a name made from the config: router, shape, out_dir
 # model (GPTConfig in lime.py says what each means)
 n_layer = 12
 n_head = 12
@@ -137,6 +140,10 @@ torch.manual_seed(seed)
 
 # -----------------------------------------------------------------------------
 # data: every shard is checked now, before step 0 (prepare.Batches reads them all)
+if master:  # data/pydoc, missing: made now, so the quick start needs no prepare.py step
+    prepare_if_default(data_dir)
+if ddp:
+    dist.barrier()  # the other processes read the data once it is whole
 if not os.path.isdir(data_dir):  # checked before a model is built, which can take a while
     fail(f"data_dir not found: {data_dir} (prepare.py writes shards: `--source fineweb` for "
          "data/fineweb_edu; to start small, `python prepare.py` for config/cpu_demo.py)")

@@ -1,5 +1,5 @@
-"""A small LIMe model on Python's documentation (python prepare.py), in about five minutes on two
-CPU cores:
+"""A small LIMe model on Python's documentation, in about five minutes on two CPU cores (train.py
+tokenizes it into data/pydoc first if it is not there):
     python train.py config/cpu_demo.py
 """
 out_dir = 'out/cpu_demo'

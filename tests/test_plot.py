@@ -219,7 +219,9 @@ def test_compare_sh_trains_each_router_and_draws_their_curves(tmp_path):
     with open(text, 'w') as f:
         for i in range(200):
             f.write(json.dumps({'text': ' '.join(words[(i + j) % len(words)] for j in range(60))}) + '\n')
-    env = {**os.environ, 'OMP_NUM_THREADS': '1'}
+    # compare.sh's `python` is the one running the tests, so HAVE_MATPLOTLIB speaks for it too.
+    path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get('PATH', '')
+    env = {**os.environ, 'OMP_NUM_THREADS': '1', 'PATH': path}
     data = tmp_path / 'data'
     subprocess.run([sys.executable, 'prepare.py', '--input', str(text), '--out_dir', str(data), '--workers', '1'],
                    check=True, capture_output=True, cwd=ROOT, env=env, timeout=120)

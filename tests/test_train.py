@@ -262,3 +262,97 @@ def test_missing_or_damaged_data_and_checkpoints_are_named(data_dir, tmp_path):
     (tmp_path / 'o' / 'ckpt.pt').write_bytes(b'not a checkpoint')
     assert_clean_error(train(data_dir, tmp_path / 'o', '--init_from=resume', check=False),
                        'could not read checkpoint')
+
+
+# A stand-in for the wandb package: each call it gets, a JSON line in $WANDB_STUB_CALLS, with the
+# rank of the process that made it. WANDB_STUB_FAIL makes init raise, as wandb does without a key.
+WANDB_STUB = '''
+import json, os
+def record(*call):
+    with open(os.environ['WANDB_STUB_CALLS'], 'a') as f:
+        f.write(json.dumps([os.environ.get('RANK', '0'), *call]) + '\\n')
+record('import')
+class Run:
+    def log(self, data, step=None):
+        record('log', data, step)
+def init(**kwargs):
+    record('init', kwargs)
+    if os.environ.get('WANDB_STUB_FAIL'):
+        raise RuntimeError(os.environ['WANDB_STUB_FAIL'])
+    return Run()
+'''
+
+
+def with_wandb_stub(tmp_path, module=WANDB_STUB, **env):
+    """The environment for a command that imports the stub as wandb, and the file of its calls."""
+    stub = tmp_path / 'stub'
+    stub.mkdir(parents=True)
+    (stub / 'wandb.py').write_text(module)
+    calls = tmp_path / 'wandb_calls.jsonl'
+    return {**os.environ, 'PYTHONPATH': f'{stub}{os.pathsep}{ROOT}', 'WANDB_STUB_CALLS': str(calls),
+            'OMP_NUM_THREADS': '1', **env}, calls
+
+
+def wandb_calls(calls):
+    return [json.loads(line) for line in calls.read_text().splitlines()] if calls.exists() else []
+
+
+def test_wandb_log_sends_log_txts_records_from_rank_0_only(data_dir, tmp_path):
+    env, calls = with_wandb_stub(tmp_path)
+    out = tmp_path / 'out'
+    torchrun = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
+    result = subprocess.run([*torchrun, os.path.join(ROOT, 'train.py'), *TINY, f'--data_dir={data_dir}',
+                             f'--out_dir={out}', '--max_iters=4', '--eval_interval=2',
+                             '--gradient_accumulation_steps=2', '--wandb_log=True'],
+                            capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (rank, what, init), *logs = wandb_calls(calls)[1:]
+    assert {c[0] for c in wandb_calls(calls)} == {'0'}, "a process other than rank 0 logged"
+    assert what == 'init' and init['project'] == 'lime' and init['name'] == f'static 2x32 {out}'
+    assert init['dir'] == str(out) and init['config']['max_iters'] == 4 and init['config']['params'] > 0
+    # Each record of log.txt, in order, with its step as the step.
+    assert [{**data, 'step': step} for _, _, data, step in logs] == log_records(out)
+    assert {'train_loss', 'lr', 'val_loss'} <= {key for _, _, data, _ in logs for key in data}
+
+
+def test_wandb_is_not_imported_unless_asked_for_and_its_failures_are_one_line(data_dir, tmp_path):
+    env, calls = with_wandb_stub(tmp_path)
+    result = subprocess.run([*command('train.py'), *TINY, f'--data_dir={data_dir}',  # off by default
+                             f'--out_dir={tmp_path / "out"}', '--max_iters=1'],
+                            capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
+    assert result.returncode == 0 and wandb_calls(calls) == [], result.stderr
+    # wandb.init refusing (no API key, say): its words, on one line, with the offline mode named.
+    env['WANDB_STUB_FAIL'] = 'api_key not configured\n(no-tty)'
+    result = subprocess.run([*command('train.py'), *TINY, f'--data_dir={data_dir}',
+                             f'--out_dir={tmp_path / "refused"}', '--max_iters=1',
+                             '--wandb_log=True', '--wandb_run_name=try 1', '--wandb_project=p'],
+                            capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
+    assert_clean_error(result, 'wandb could not start a run: api_key not configured (no-tty)',
+                       'WANDB_MODE=offline')
+    assert [c[2]['name'] for c in wandb_calls(calls) if c[1] == 'init'] == ['try 1']
+    assert [c[2]['project'] for c in wandb_calls(calls) if c[1] == 'init'] == ['p']
+    # wandb not installed: one line, before out_dir is made.
+    env, _ = with_wandb_stub(tmp_path / 'missing', module="raise ImportError('No module named wandb')")
+    result = subprocess.run([*command('train.py'), *TINY, f'--data_dir={data_dir}',
+                             f'--out_dir={tmp_path / "never"}', '--wandb_log=True'],
+                            capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
+    assert_clean_error(result, 'wandb_log=True needs wandb: pip install wandb')
+    assert not (tmp_path / 'never').exists()
+
+
+def test_data_pydoc_is_prepared_by_train_py_when_missing_and_kept_after(data_dir, tmp_path):
+    # A fresh clone, after an interrupted `python prepare.py`: a training shard and no validation
+    # shard. train.py makes the embedded data set there, as prepare.py does, saying so, and trains.
+    pydoc = tmp_path / 'data' / 'pydoc'
+    pydoc.mkdir(parents=True)
+    prepare.write_shard(pydoc / 'pydoc_train_000001.bin', [1, 2, 3])
+    result = train('data/pydoc', 'out', '--max_iters=1', '--eval_interval=1', cwd=tmp_path)
+    assert "data/pydoc holds no data set: preparing Python's docs there" in result.stdout
+    assert 'next:' not in result.stdout and (tmp_path / 'out' / 'ckpt.pt').exists()
+    made = sorted(p.name for p in pydoc.iterdir())
+    assert made == sorted(os.path.basename(p) for p in glob.glob(os.path.join(data_dir, '*.bin')))
+    for name in made:  # the same shards as prepare.py's
+        assert (pydoc / name).read_bytes() == open(os.path.join(data_dir, name), 'rb').read(), name
+    again = train('data/pydoc', 'out', '--max_iters=1', '--eval_interval=1', '--overwrite=True',
+                  cwd=tmp_path)
+    assert 'preparing' not in again.stdout
