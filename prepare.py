@@ -1,7 +1,9 @@
 """
-Tokenize text with the GPT-2 BPE into the binary shards that train.py reads. One source per run:
+Tokenize text with the GPT-2 BPE (or as bytes) into the binary shards that train.py reads. One
+source per run:
 
     python prepare.py                                   # Python's bundled docs: no download
+    python prepare.py --tokenizer=bytes                 # the same at byte level -> data/pydoc_bytes
     python prepare.py --input a.txt b.jsonl c.jsonl.gz  # local files (.jsonl: {"text": ...} a line)
     python prepare.py --source fineweb --max_tokens 1B  # FineWeb-Edu sample-10BT (needs datasets)
 
@@ -11,6 +13,8 @@ Each document becomes <|endoftext|> followed by its tokens, so the model is alwa
 document starts, and documents are packed back to back. Every --val_every-th document goes to
 validation until that split holds --val_tokens tokens; all others go to training. One document
 alone (a single .txt file) is cut instead: its first 1/--val_every validates, the rest trains.
+With --tokenizer=bytes each UTF-8 byte is a token and 256 starts a document (vocab_size 257):
+bits per byte are then exact, and the data set's tokenizer.json says so to train.py and sample.py.
 
 Shards use the llm.c / modded-nanogpt format: a header of 256 int32 (magic 20240520, version 1,
 token count) followed by the tokens as little-endian uint16. Shard 0 holds validation,
@@ -37,6 +41,10 @@ MAGIC, VERSION = 20240520, 1  # identify the llm.c / modded-nanogpt shard format
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
 EOT = 50256  # GPT-2's <|endoftext|>; its largest id, so every GPT-2 token fits in a uint16
+# The byte-level tokenizer (--tokenizer=bytes): each UTF-8 byte is a token, 0..255, and 256 starts a
+# document, as <|endoftext|> does for GPT-2. A data set says which it holds in tokenizer.json.
+BYTES_DOC = 256
+BYTES_VOCAB = 257
 PREFIXES = {"pydoc": "pydoc", "local": "local", "fineweb": "fineweb_edu"}  # source -> shard prefix
 
 # -----------------------------------------------------------------------------
@@ -106,6 +114,10 @@ def shard_paths(data_dir, split):
 def token_bytes(vocab_size, data_dir):
     """(the UTF-8 byte count of each token id's text, None), or (None, why) where unknown: for
     bits per byte. <|endoftext|> is a document boundary, not text: 0 bytes."""
+    if data_tokenizer(data_dir) == "bytes":
+        if vocab_size != BYTES_VOCAB:
+            return None, f"byte-level data needs vocab_size {BYTES_VOCAB}, not {vocab_size}"
+        return np.array([1] * 256 + [0]), None  # a byte is a byte; the document start is none
     task_path = os.path.join(data_dir, "task.json")
     if os.path.isfile(task_path):  # lab/arith.py's data: a token id is a character's index
         with open(task_path, encoding="utf-8") as f:
@@ -284,16 +296,56 @@ def tokenize(text):
     return np.array([EOT] + enc.encode_ordinary(text), dtype=np.uint16)
 
 
+def tokenize_bytes(text):
+    """The document-start token, then the document's UTF-8 bytes."""
+    return np.array([BYTES_DOC] + list(text.encode("utf-8")), dtype=np.uint16)
+
+
+def decode_bytes(ids):
+    """Text from byte-level token ids; a document start becomes a blank line, and a byte sequence
+    that is not UTF-8 (a sample can stop inside a character) the replacement character."""
+    docs = [[]]
+    for i in ids:
+        if i == BYTES_DOC:
+            docs.append([])
+        else:
+            docs[-1].append(i)
+    return "\n\n".join(bytes(doc).decode("utf-8", errors="replace") for doc in docs if doc)
+
+
+def data_tokenizer(data_dir):
+    """'bytes' or 'gpt2': the tokenizer of data_dir's shards, from its tokenizer.json (none: GPT-2
+    BPE, or lab/arith.py's characters, which its task.json describes)."""
+    path = os.path.join(data_dir, "tokenizer.json")
+    if not os.path.isfile(path):
+        return "gpt2"
+    try:
+        with open(path, encoding="utf-8") as f:
+            name = json.load(f).get("tokenizer")
+    except (ValueError, OSError, AttributeError) as e:
+        raise ValueError(f"{path}: not prepare.py's tokenizer.json ({e})") from None
+    if name not in ("bytes", "gpt2"):
+        raise ValueError(f"{path}: unknown tokenizer {name!r} (prepare.py writes 'bytes')")
+    return name
+
+
 def prepare(documents, out_dir, prefix, args):
     """Tokenize documents in parallel, split them into validation and training, write the shards."""
-    gpt2_encoding()  # loaded here, once, before the workers start: they find it cached
+    encode = tokenize_bytes if args.tokenizer == "bytes" else tokenize
+    if args.tokenizer == "bytes":  # said before any shard: train.py and sample.py read it
+        with open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
+            json.dump({"tokenizer": "bytes", "vocab_size": BYTES_VOCAB}, f)
+    else:
+        if os.path.exists(os.path.join(out_dir, "tokenizer.json")):
+            os.remove(os.path.join(out_dir, "tokenizer.json"))  # an earlier byte-level set's
+        gpt2_encoding()  # loaded here, once, before the workers start: they find it cached
     val = []  # validation documents, written last as shard 0
     buf, fill = np.empty(args.shard_size, dtype=np.uint16), 0  # the training shard being filled
     n_docs = n_val = n_train = n_train_shards = 0
     # imap keeps documents in order, so a run is reproducible; chunks amortize inter-process traffic
     with Pool(args.workers) as pool, \
             tqdm(total=args.max_tokens, unit="tok", unit_scale=True) as bar:
-        for tokens in pool.imap(tokenize, documents, chunksize=16):
+        for tokens in pool.imap(encode, documents, chunksize=16):
             bar.update(len(tokens))
             if n_docs % args.val_every == 0 and n_val < args.val_tokens:
                 val.append(tokens)
@@ -340,7 +392,7 @@ def count(text):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(
-        description="Tokenize text into GPT-2 token shards for train.py.")
+        description="Tokenize text into token shards for train.py (GPT-2 BPE, or bytes).")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--input", nargs="+", metavar="PATH",
                         help=".txt, .jsonl or .jsonl.gz files")
@@ -356,19 +408,28 @@ def main(argv=None):
                         help="every N-th document goes to validation... (default 20, i.e. 5%%)")
     parser.add_argument("--val_tokens", type=count, default=10**7, metavar="N", help="...until it "
                         "holds N tokens (default 10M, plenty for a low-noise val loss)")
+    parser.add_argument("--tokenizer", choices=["gpt2", "bytes"], default="gpt2",
+                        help="GPT-2 BPE (default), or bytes: each UTF-8 byte a token (vocab 257)")
     parser.add_argument("--workers", type=count, default=os.cpu_count(), metavar="N",
                         help="tokenizer processes (default: one per CPU core)")
     args = parser.parse_args(argv)
 
     name = "local" if args.input else args.source
     prefix = PREFIXES[name]
-    out_dir = args.out_dir or os.path.join("data", prefix)
+    suffix = "_bytes" if args.tokenizer == "bytes" else ""
+    out_dir = args.out_dir or os.path.join("data", prefix + suffix)
     # The validation shard is written last: with it, a finished run is there already and is kept;
     # without it, shards left by an interrupted run are deleted, so none mixes into the new set.
     old_shards = glob.glob(os.path.join(out_dir, f"{prefix}_*.bin"))
     if set(glob.glob(os.path.join(out_dir, "*_*_*.bin"))) - set(old_shards):  # another data set's
         sys.exit(f"prepare.py: error: {out_dir} holds other shards: give another --out_dir")
     if os.path.exists(shard_path(out_dir, prefix, "val", 0)):
+        try:
+            held = data_tokenizer(out_dir)
+        except ValueError as e:
+            sys.exit(f"prepare.py: error: {e}")
+        if held != args.tokenizer:
+            sys.exit(f"prepare.py: error: {out_dir} holds {held} shards: give another --out_dir")
         print(f"{out_dir} already holds {len(old_shards)} shards: kept "
               "(delete them to prepare anew)")
         return

@@ -1,0 +1,24 @@
+"""The depth experiment on text (docs/results.md): a narrow model on Python's docs at byte level
+(python prepare.py --tokenizer=bytes), at the depth lab/depth_text.sh gives it (8 and 32 layers),
+300 steps of 16 x 128 bytes, one CPU thread a run:
+    bash lab/depth_text.sh
+"""
+out_dir = 'out/depth_text/L32_static_s1'
+data_dir = 'data/pydoc_bytes'
+device = 'cpu'
+eval_interval = 50
+eval_iters = 10
+log_interval = 25
+n_layer = 32
+n_head = 4
+n_embd = 64
+vocab_size = 257
+block_size = 128
+router = 'static'
+batch_size = 16
+gradient_accumulation_steps = 1
+learning_rate = 3e-3
+router_lr = 3e-2
+max_iters = 300
+warmup_iters = 30
+min_lr = 3e-4
