@@ -455,14 +455,17 @@ def main(argv=None):
 
 def prepare_if_default(data_dir):
     """train.py's first step on a fresh clone: when data_dir is where `python prepare.py` puts the
-    embedded data set and holds no finished set (the validation shard is written last), make it."""
+    embedded data set (data/pydoc, or data/pydoc_bytes with --tokenizer=bytes) and holds no
+    finished set (the validation shard is written last), make it."""
     pydoc = PREFIXES["pydoc"]
-    if (os.path.normpath(data_dir) != os.path.join("data", pydoc)
-            or os.path.exists(shard_path(data_dir, pydoc, "val", 0))):
+    tokenizers = {os.path.join("data", pydoc): "gpt2",
+                  os.path.join("data", pydoc + "_bytes"): "bytes"}
+    tokenizer = tokenizers.get(os.path.normpath(data_dir))
+    if tokenizer is None or os.path.exists(shard_path(data_dir, pydoc, "val", 0)):
         return
-    print(f"{data_dir} holds no data set: preparing Python's docs there (as `python prepare.py`)",
-          flush=True)
-    main(["--out_dir", data_dir])
+    print(f"{data_dir} holds no data set: preparing Python's docs there (as `python prepare.py"
+          f"{' --tokenizer=bytes' if tokenizer == 'bytes' else ''}`)", flush=True)
+    main(["--out_dir", data_dir, "--tokenizer", tokenizer])
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """
-sample.py: generate text from a checkpoint written by train.py, with the model's KV cache.
+sample.py: generate text from a checkpoint written by train.py, with the model's KV cache, decoded
+with the tokenizer the run trained with (GPT-2 BPE or bytes: train.py saves which).
 
     python sample.py --out_dir=out/cpu_demo
     python sample.py --out_dir=out/cpu_demo --start="The for statement" --temperature=0
@@ -11,7 +12,7 @@ import torch
 
 from configurator import configure, fail, or_fail, read_text
 from lime import load_model, use_fused_kernels
-from prepare import gpt2_encoding
+from prepare import BYTES_DOC, BYTES_VOCAB, decode_bytes, gpt2_encoding
 
 # -----------------------------------------------------------------------------
 out_dir = 'out'  # the directory holding ckpt.pt
@@ -34,20 +35,30 @@ torch.manual_seed(seed)
 
 if start.startswith('FILE:'):
     start = read_text(start[len('FILE:'):], 'prompt file')
-enc = or_fail(gpt2_encoding)
-start_ids = enc.encode(start, allowed_special={'<|endoftext|>'})
-if not start_ids:
-    fail("the prompt is empty: give some text with --start (the default starts a new document)")
-
 or_fail(use_fused_kernels, fused, device)
 model, checkpoint = or_fail(load_model, os.path.join(out_dir, 'ckpt.pt'), device)
-if model.config.vocab_size != 50257:
-    fail(f"the model in {out_dir} has a vocabulary of {model.config.vocab_size} tokens, not "
-         "GPT-2's 50257: sample.py can't decode it")
+# The tokenizer the model was trained with, as train.py saved it (earlier runs: GPT-2's).
+saved = checkpoint.get('config')
+tokenizer = saved.get('tokenizer', 'gpt2') if isinstance(saved, dict) else 'gpt2'
+vocab_size = {'gpt2': 50257, 'bytes': BYTES_VOCAB}.get(tokenizer)
+if vocab_size is None:
+    fail(f"{out_dir}/ckpt.pt names a tokenizer sample.py does not know: {tokenizer!r}")
+if model.config.vocab_size != vocab_size:
+    fail(f"the model in {out_dir} has a vocabulary of {model.config.vocab_size} tokens, not the "
+         f"{vocab_size} of its tokenizer ({tokenizer}): sample.py can't decode it")
+if tokenizer == 'bytes':
+    start_ids = [BYTES_DOC] if start == '<|endoftext|>' else list(start.encode('utf-8'))
+    decode = decode_bytes
+else:
+    enc = or_fail(gpt2_encoding)
+    start_ids = enc.encode(start, allowed_special={'<|endoftext|>'})
+    decode = enc.decode
+if not start_ids:
+    fail("the prompt is empty: give some text with --start (the default starts a new document)")
 idx = torch.tensor([start_ids] * num_samples, dtype=torch.long, device=device)  # (num_samples, T)
 
 with autocast:
     out = model.generate(idx, max_new_tokens, temperature=temperature, top_k=top_k or None)
 for row in out.tolist():
-    print(enc.decode(row))
+    print(decode(row))
     print('---------------')

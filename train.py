@@ -25,7 +25,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import bookkeeping
 from configurator import configure, fail, or_fail
 from lime import GPT, GPTConfig, use_fused_kernels
-from prepare import Batches, prepare_if_default, read_shard, shard_paths, token_bytes
+from prepare import (BYTES_VOCAB, Batches, data_tokenizer, prepare_if_default, read_shard,
+                     shard_paths, token_bytes)
 
 # -----------------------------------------------------------------------------
 # default config values: a GPT-2-small-shaped LIMe model on FineWeb-Edu, on one GPU
@@ -140,13 +141,17 @@ torch.manual_seed(seed)
 
 # -----------------------------------------------------------------------------
 # data: every shard is checked now, before step 0 (prepare.Batches reads them all)
-if master:  # data/pydoc, missing: made now, so the quick start needs no prepare.py step
+if master:  # data/pydoc(_bytes), missing: made now, so the quick start needs no prepare.py step
     prepare_if_default(data_dir)
 if ddp:
     dist.barrier()  # the other processes read the data once it is whole
 if not os.path.isdir(data_dir):  # checked before a model is built, which can take a while
     fail(f"data_dir not found: {data_dir} (prepare.py writes shards: `--source fineweb` for "
          "data/fineweb_edu; to start small, `python prepare.py` for config/cpu_demo.py)")
+# The data's tokenizer goes into the run's settings, so that sample.py decodes with it.
+config['tokenizer'] = or_fail(data_tokenizer, data_dir)
+if config['tokenizer'] == 'bytes' and vocab_size != BYTES_VOCAB:
+    fail(f"{data_dir} holds byte-level shards: train on them with --vocab_size={BYTES_VOCAB}")
 B, T = batch_size, block_size
 train_batches = or_fail(Batches, data_dir, B, T, rank, world_size, vocab_size, log)
 val_shard = or_fail(shard_paths, data_dir, 'val')[0]
@@ -157,7 +162,7 @@ if val_batches == 0:
          f"(batch_size * block_size = {B * T:,}): lower them, as config/cpu_demo.py does")
 if val_batches < eval_iters:
     log(f"note: the validation shard fits only {val_batches} of eval_iters={eval_iters} batches")
-# Bits per byte needs each token's UTF-8 bytes: known for GPT-2, and for arith.py's characters.
+# Bits per byte needs each token's UTF-8 bytes: known for GPT-2, bytes, and arith.py's characters.
 byte_counts, why = token_bytes(vocab_size, data_dir)
 if byte_counts is None:
     log(f"note: no bits per byte in the evaluations: {why}")

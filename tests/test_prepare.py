@@ -329,3 +329,43 @@ def test_other_scripts_find_shards_in_order_and_get_one_clear_error(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match=r"no \*_train_\*\.bin shards in .*empty/: write some with prepare.py"):
         prepare.shard_paths(str(tmp_path / "empty"), "train")
+
+
+# -----------------------------------------------------------------------------
+# the byte-level tokenizer
+
+
+def test_byte_shards_round_trip_text_exactly_and_say_their_tokenizer(tmp_path):
+    texts = make_texts(30)
+    out = tmp_path / "bytes"
+    files = run(out, "--input", write_jsonl_gz(tmp_path / "docs.jsonl.gz", texts),
+                "--tokenizer", "bytes")
+    assert files == ["local_train_000001.bin", "local_val_000000.bin", "tokenizer.json"]
+    assert prepare.data_tokenizer(str(out)) == "bytes"
+    docs = []
+    for name in ("local_val_000000.bin", "local_train_000001.bin"):
+        tokens = prepare.read_shard(str(out / name), prepare.BYTES_VOCAB)
+        assert tokens.max() <= prepare.BYTES_DOC and tokens[0] == prepare.BYTES_DOC
+        docs += prepare.decode_bytes(tokens).split("\n\n")
+    # every document, non-ASCII included, byte for byte (a text may itself hold blank lines:
+    # these hold none)
+    assert sorted(docs) == sorted(texts)
+    counts, why = prepare.token_bytes(prepare.BYTES_VOCAB, str(out))
+    assert why is None and counts[:256].tolist() == [1] * 256 and counts[256] == 0
+    assert prepare.token_bytes(50257, str(out))[0] is None
+
+
+def test_decode_bytes_separates_documents_and_survives_a_cut_character():
+    ids = [prepare.BYTES_DOC, *"café".encode("utf-8"), prepare.BYTES_DOC, *"日本".encode()[:-1]]
+    assert prepare.decode_bytes(ids) == "café\n\n日\ufffd"
+
+
+def test_a_gpt2_set_prepared_over_a_byte_level_one_is_refused_or_relabelled(tmp_path):
+    out = tmp_path / "set"
+    path = write_jsonl_gz(tmp_path / "docs.jsonl.gz", make_texts(10))
+    run(out, "--input", path, "--tokenizer", "bytes")
+    with pytest.raises(SystemExit, match="holds bytes shards: give another --out_dir"):
+        run(out, "--input", path)  # GPT-2 over a finished byte-level set
+    (out / "tokenizer.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="not prepare.py's tokenizer.json"):
+        prepare.data_tokenizer(str(out))
