@@ -18,7 +18,6 @@ the model ran in; that (float32, or bfloat16 autocast) is reported with the scor
 switch chooses the kernels as in every script (lime.use_fused_kernels). Scoring only: tasks that
 generate text (generate_until) are refused. docs/evaluation.md says more.
 """
-import importlib.util
 import os
 
 import torch
@@ -29,27 +28,30 @@ from configurator import fail, or_fail
 from lime import load_model, use_fused_kernels
 from prepare import EOT, gpt2_encoding
 
-if importlib.util.find_spec('lm_eval') is None:
-    fail("scoring with the LM Evaluation Harness needs it installed: pip install lm-eval==0.4.13")
-import lm_eval.models  # noqa: F401  (the harness's own model names: see register)
-from lm_eval import utils as lm_eval_utils
-from lm_eval.api.model import TemplateLM
-from lm_eval.api.registry import model_registry
+try:  # an optional dependency, imported here only
+    import lm_eval.models  # noqa: F401  (the harness's own model names: see register)
+    from lm_eval import utils as lm_eval_utils
+    from lm_eval.api.model import TemplateLM
+    from lm_eval.api.registry import model_registry
+except ImportError as e:
+    fail(f"scoring with the LM Evaluation Harness needs it: pip install lm-eval==0.4.13 ({e})")
 
 NAME = 'lime'  # the model's name in the harness: simple_evaluate(model='lime', ...)
 
 
 def register():
-    """Make NAME known to the harness by the class's import path, not the class itself.
-    Registering the class (the harness's @register_model decorator) fails whenever this module
-    runs twice: a second class object under a name already taken is refused ("already
-    registered"), and the module runs twice when it is reloaded, or loaded under two names (as
-    __main__ by `python -m`, or as `harness` with lab/ on sys.path, then as lab.harness). A path
-    is the same string however often it is registered; the harness imports it when first asked
-    for 'lime'. lm_eval.models is imported first: it adds the harness's own names (hf, ...) to
-    the registry, which it otherwise does only on finding the registry empty, so registering
-    'lime' alone would hide them."""
-    model_registry.register(NAME, target='lab.harness:LimeLM')
+    """Make NAME known to the harness by the class's import path, not by the class itself, and
+    once. Registering the class (the harness's @register_model decorator) fails whenever this
+    module runs twice: a second class object under a name already taken is refused ("already
+    registered"), and the module runs twice when it is reloaded or loaded under two names (as
+    __main__ by `python -m`, or as `harness` with lab/ on sys.path, then as lab.harness). A
+    path is the same string each time; the harness imports it when first asked for 'lime' (and
+    from then on holds that class, so the path is not registered again). lm_eval.models is
+    imported first: it adds the harness's own names (hf, ...) to the registry, which it
+    otherwise does only on finding the registry empty, so registering 'lime' alone would hide
+    them."""
+    if NAME not in model_registry:
+        model_registry.register(NAME, target='lab.harness:LimeLM')
 
 
 class LimeLM(TemplateLM):
