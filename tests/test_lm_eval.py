@@ -64,7 +64,8 @@ VAL = [
     hellaswag(2, 3, 'Clean and jerk', 'A LADY walks to a barbell. She bends down and grabs the '
               'pole.', 'the lady',
               ['swings and lands in her arms.', 'pulls the barbell forward.',
-               'pulls a rope attached to the barbell.', 'stands and lifts the weight over her head.']),
+               'pulls a rope attached to the barbell.',
+               'stands and lifts the weight over her head.']),
     hellaswag(3, 2, 'Horse riding', LONG, 'then the rider  ',
               ['falls asleep.', 'eats an apple.', 'jumps the last fence and waves.', 'leaves.']),
     hellaswag(4, 0, 'Food and Entertaining', '[header] How to bake bread [title] Mix the dough. ',
@@ -305,7 +306,8 @@ def test_the_fused_switch_and_the_registration(setup):
     # even where the module runs again, reloaded or loaded under a second name (as __main__ is).
     assert 'hf' in model_registry and get_model('lime') is harness.LimeLM
     importlib.reload(harness)
-    spec = importlib.util.spec_from_file_location('harness', os.path.join(ROOT, 'lab', 'harness.py'))
+    path = os.path.join(ROOT, 'lab', 'harness.py')
+    spec = importlib.util.spec_from_file_location('harness', path)
     spec.loader.exec_module(importlib.util.module_from_spec(spec))
     assert 'hf' in model_registry and get_model('lime').__module__ == 'lab.harness'
 
