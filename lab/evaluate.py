@@ -34,9 +34,11 @@ In both, whitespace that ends a context moves to the start of the ending (as in 
 endings of an example go through the model in one forward, padded on the right (padding cannot
 change earlier positions' logits in a causal model); a sequence longer than block_size loses tokens
 on the left. With --shots=k, each example is preceded by k solved examples drawn from --train_file
-(for hellaswag, its training split; never one with the example's own context), each its context,
-the joining space and its right ending, all joined by blank lines (the harness's few-shot format;
-its draws are not reproduced). An ending must hold some text: an empty one would win.
+(for hellaswag, its training split), each its context, the joining space and its right ending, all
+joined by blank lines: the harness's few-shot format, and its draw (with_shots: --seed 1234, one
+generator for the whole run; --shot_draw=k+1 draws k + 1 and drops the example scored, as the
+harness does for a task that names no test split, like HellaSwag; k draws k, as for ARC). An ending
+must hold some text: an empty one would win.
 
 Bits per byte: the loss in nats summed over the validation shard's tokens, over ln 2 times the UTF-8
 bytes those tokens decode to, so that models with different tokenizers compare. <|endoftext|> marks a
@@ -70,7 +72,8 @@ data_dir = ''  # a directory of token shards: report bits per byte on its valida
 batch_size = 8  # sequences of block_size tokens per forward, for bits per byte
 cache_dir = 'data/tasks'  # where downloaded tasks are kept
 hellaswag_url = 'https://raw.githubusercontent.com/rowanz/hellaswag/master/data'  # its authors' repo
-seed = 1337  # draws the solved examples
+seed = 1234  # draws the solved examples (the harness's fewshot_random_seed)
+shot_draw = 'k+1'  # the harness's draw: 'k+1' (its HellaSwag, PIQA, ...) or 'k' (its ARC)
 device = 'cuda' if torch.cuda.is_available() else 'cpu'
 dtype = 'bfloat16'  # 'bfloat16' (autocast) or 'float32'; on a CPU the default becomes float32
 compile = True  # torch.compile the model, every forward padded to block_size; on a CPU the default is False
@@ -179,18 +182,34 @@ def split_at_whitespace(context, ending, protocol='build-nanogpt'):
     return stripped, context[len(stripped):] + follows
 
 
-def with_shots(examples, solved, k, seed, protocol='build-nanogpt'):
-    """Each example's context after k solved examples drawn from solved, joined by blank lines;
-    never one of the same context (solved may be the task itself), which would show its answer."""
+def with_shots(examples, solved, k, seed, protocol='build-nanogpt', draw='k+1'):
+    """Each example's context after k solved examples drawn from solved, joined by blank lines.
+    The draw is the harness's (lm_eval 0.4.13, api/samplers.py and api/task.py), so that a k-shot
+    score is its score: one random.Random(seed) for the whole run, drawing for the examples in
+    order (so the first max_examples get the same shots as all of them would). draw='k+1' is what
+    the harness does where a task's few-shot split is the split it scores, or neither is named
+    (HellaSwag, PIQA, Winogrande, COPA: no test split): k + 1 drawn, every copy of the example
+    scored dropped, the first k kept; k drawn again from the others if two copies left fewer.
+    draw='k' is its draw for a task that scores a test split and draws from another (ARC): k, no
+    check, for solved is another file. A copy is an equal (context, endings, label); the harness
+    compares whole records, which for HellaSwag also hold its ind and source_id."""
+    extra = draw == 'k+1'
+    if len(solved) < k + extra:
+        fail(f"--shots={k} draws {k + extra} solved examples (--shot_draw={draw}), but there "
+             f"are {len(solved)}")
     rng = random.Random(seed)
     out = []
-    for context, endings, label in examples:
-        drawn = rng.sample(solved, k)
-        if any(shot[0] == context for shot in drawn):  # draw again, from the others only
-            others = [s for s in solved if s[0] != context]
-            if len(others) < k:
-                fail(f"--shots={k}: too few solved examples other than the one being scored")
-            drawn = rng.sample(others, k)
+    for example in examples:
+        context, endings, label = example
+        if extra:
+            drawn = [shot for shot in rng.sample(solved, k + 1) if shot != example][:k]
+            if len(drawn) < k:  # the example is in solved twice, and both copies were drawn
+                others = [shot for shot in solved if shot != example]
+                if len(others) < k:
+                    fail(f"--shots={k}: too few solved examples other than the one being scored")
+                drawn = rng.sample(others, k)
+        else:
+            drawn = rng.sample(solved, k)
         prefix = ''.join(c + continuation(c, e[l], protocol) + '\n\n' for c, e, l in drawn)
         out.append((prefix + context, endings, label))
     return out
@@ -348,7 +367,7 @@ def main():
     config, _, autocast = configure(globals(), {
         'path': ['out_dir', 'cache_dir', 'hellaswag_url'], 'text': ['task', 'train_file', 'data_dir'],
         'positive': ['batch_size'], 'non-negative': ['max_examples', 'shots'], 'seed': ['seed'],
-        'device': ['device'], ('bfloat16', 'float32'): ['dtype'],
+        'device': ['device'], ('bfloat16', 'float32'): ['dtype'], ('k+1', 'k'): ['shot_draw'],
         ('build-nanogpt', 'harness'): ['protocol']})
     globals().update(config)
     if not task and not data_dir:
@@ -358,6 +377,9 @@ def main():
     if train_file and not shots:
         fail("--train_file is where --shots draws solved examples from: give --shots too")
     paths = (task_file(task), task_file(train_file or task, 'train') if shots else None) if task else None
+    if shots and shot_draw == 'k' and os.path.abspath(paths[1]) == os.path.abspath(paths[0]):
+        fail("--shot_draw=k never drops the example scored from the draw: give a --train_file "
+             "other than --task (or --shot_draw=k+1)")
 
     or_fail(use_fused_kernels, fused, device)
     model, checkpoint = or_fail(load_model, os.path.join(out_dir, 'ckpt.pt'), device)
@@ -378,10 +400,11 @@ def main():
         examples = read_examples(paths[0], protocol)[:max_examples or None]
         if shots:
             solved = read_examples(paths[1], protocol)
-            if len(solved) < shots + (paths[1] == paths[0]):
-                fail(f"--shots={shots}, but {paths[1]} holds only {len(solved)} examples"
-                     + (" (one of them the example scored)" if paths[1] == paths[0] else ""))
-            examples = with_shots(examples, solved, shots, seed, protocol)
+            need = shots + (shot_draw == 'k+1')
+            if len(solved) < need:
+                fail(f"--shots={shots} draws {need} solved examples (--shot_draw={shot_draw}), but "
+                     f"{paths[1]} holds only {len(solved)}")
+            examples = with_shots(examples, solved, shots, seed, protocol, shot_draw)
         encoded = [encode_example(enc, example, block_size, protocol) for example in examples]
         if compile:
             model = torch.compile(model)

@@ -7,6 +7,7 @@ evaluations train.py runs with it. No network: the tasks are files the tests wri
 import json
 import math
 import os
+import random
 import subprocess
 import sys
 from contextlib import nullcontext
@@ -83,8 +84,12 @@ def test_one_shot_puts_a_solved_example_first(trained):
     assert 'task.jsonl, harness protocol, 1-shot: acc ' in result.stdout
     assert '(per character) | 2 examples' in result.stdout
     for protocol in ('build-nanogpt', 'harness'):
-        shot = evaluate.with_shots([('Q', ['a', 'b'], 0)], [('C', ['x', 'y'], 1)], 1, 0, protocol)
+        shot = evaluate.with_shots([('Q', ['a', 'b'], 0)], [('C', ['x', 'y'], 1)], 1, 0, protocol,
+                                   draw='k')
         assert shot == [('C y\n\nQ', ['a', 'b'], 0)]
+    # The harness's draw for HellaSwag takes k + 1: one solved example is too few for one shot.
+    with pytest.raises(SystemExit, match=r'^error: --shots=1 draws 2 solved examples'):
+        evaluate.with_shots([('Q', ['a', 'b'], 0)], [('C', ['x', 'y'], 1)], 1, 0)
 
 
 def test_shots_drawn_from_the_task_itself_never_show_an_example_its_own_answer():
@@ -94,13 +99,37 @@ def test_shots_drawn_from_the_task_itself_never_show_an_example_its_own_answer()
             shots = evaluate.with_shots(task, task, k, seed)
             for (context, _, _), (shown, _, _) in zip(task, shots):
                 assert shown.endswith(context) and f'{context} ' not in shown, (seed, k, shown)
-    with pytest.raises(SystemExit, match='too few solved examples other than the one being scored'):
+    with pytest.raises(SystemExit, match='draws 7 solved examples .--shot_draw=k.1., but there are 6'):
         evaluate.with_shots(task, task, 6, 0)
-    # The scored context solved twice: both copies are left out, and the 4 others still suffice.
-    twice = task + [('Q0', ['a', 'b'], 1)]
+    # The scored example solved twice: both copies are left out, and the 4 others still suffice
+    # (drawn again from them where both copies were among the 5 drawn).
+    twice = task + task[:1]
     for seed in range(20):
         (shown, _, _), = evaluate.with_shots(task[:1], twice, 4, seed)
         assert shown.count('Q0') == 1 and shown.count('\n\n') == 4, (seed, shown)
+    with pytest.raises(SystemExit, match='too few solved examples other than the one being scored'):
+        for seed in range(50):  # some seed draws both copies of Q0 among 2 of 3
+            evaluate.with_shots(task[:1], task[:2] + task[:1], 2, seed)
+
+
+def test_the_shots_are_the_harness_draw_one_generator_in_the_examples_order():
+    # lm_eval 0.4.13's sampler: random.Random(1234) made once, then for each example in order
+    # sample(solved, k + 1) with the example itself dropped, the first k kept (HellaSwag and every
+    # task without a test split); for ARC, which scores its test split, sample(solved, k).
+    # tests/test_lm_eval.py holds it to the harness itself; here, the rule written out.
+    task = [(f'Q{i}', ['a', 'b'], i % 2) for i in range(7)]
+    rng, hand = random.Random(1234), []
+    for example in task:
+        hand.append([s for s in rng.sample(task, 3) if s != example][:2])
+    shots = evaluate.with_shots(task, task, 2, 1234)
+    for (shown, _, _), drawn, example in zip(shots, hand, task):
+        assert shown == ''.join(f'{c} {e[l]}\n\n' for c, e, l in drawn) + example[0]
+    rng = random.Random(1234)
+    hand = [rng.sample(task, 2) for _ in task]
+    shots = evaluate.with_shots(task, task, 2, 1234, draw='k')
+    assert [shown for shown, _, _ in shots] == [
+        ''.join(f'{c} {e[l]}\n\n' for c, e, l in drawn) + example[0]
+        for drawn, example in zip(hand, task)]
 
 
 def test_padding_and_batching_give_the_scores_of_one_ending_at_a_time():
@@ -245,7 +274,7 @@ def test_hellaswag_lines_are_rewritten_by_the_harness_only_and_shots_follow_it(t
     harness = evaluate.read_examples(path, 'harness')
     assert harness == [(ROOF_QUERY, ROOF['endings'], 1), (WALL_QUERY, WALL_ENDINGS, 0)]
     # One shot: the solved example's query, a space, its right ending, a blank line, then the query.
-    shot = evaluate.with_shots(harness[:1], harness[1:], 1, 0, 'harness')
+    shot = evaluate.with_shots(harness[:1], harness[1:], 1, 0, 'harness', draw='k')
     solved = f'{WALL_QUERY} Paint the wall. Use a roller.'
     assert shot == [(f'{solved}\n\n{ROOF_QUERY}', ROOF['endings'], 1)]
     # The harness builds HellaSwag's query from fields a line without them cannot give.
