@@ -8,7 +8,7 @@ root (docs/evaluation.md says more):
     python -m lab.evaluate --out_dir=out/gpt2 --task=hellaswag --protocol=harness --shots=1
     python -m lab.evaluate --out_dir=out/gpt2 --task=piqa_val.jsonl --shots=1 \
         --train_file=piqa_train.jsonl
-    python -m lab.evaluate --out_dir=out/cpu_demo --task= --data_dir=data/pydoc   # bits per byte
+    python -m lab.evaluate --out_dir=out/cpu_demo --task= --data_dir=data/pydoc_bytes  # bits per byte
 
 Multiple choice. A task file holds one example a line, {"context": "...", "endings": ["...", ...],
 "label": k} with k the index of the right ending; HellaSwag's own lines ({"activity_label", "ctx_a",
@@ -387,7 +387,7 @@ def main():
     result = {'out_dir': out_dir, 'step': checkpoint['step']}
     if data_dir:
         path, tokens = val_shard(model)
-        byte_lengths, why = token_bytes(model.config.vocab_size, data_dir)
+        byte_lengths, why = or_fail(token_bytes, model.config.vocab_size, data_dir)
         if byte_lengths is None:
             print(f"note: no bits per byte: {why}")
         else:
