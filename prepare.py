@@ -449,7 +449,12 @@ def main(argv=None):
             os.remove(path)  # training shards written so far: leave no half set to mistake for data
         sys.exit(f"prepare.py: error: {e}")
     if argv is None:  # run as a command: what to run next (train.py, calling main, runs it now)
-        config = "config/gpt2.py" if prefix == PREFIXES["fineweb"] else "config/cpu_demo.py"
+        if args.tokenizer == "bytes":
+            config = "config/cpu_demo.py"
+        elif prefix == PREFIXES["fineweb"]:
+            config = "config/gpt2.py"
+        else:
+            config = "config/pydoc_bpe.py"
         print(f"next: python train.py {config} --data_dir={out_dir}")
 
 

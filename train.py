@@ -147,7 +147,7 @@ if ddp:
     dist.barrier()  # the other processes read the data once it is whole
 if not os.path.isdir(data_dir):  # checked before a model is built, which can take a while
     fail(f"data_dir not found: {data_dir} (prepare.py writes shards: `--source fineweb` for "
-         "data/fineweb_edu; to start small, `python prepare.py` for config/cpu_demo.py)")
+         "data/fineweb_edu; to start small, `--tokenizer=bytes` for config/cpu_demo.py)")
 # The data's tokenizer goes into the run's settings, so that sample.py decodes with it.
 config['tokenizer'] = or_fail(data_tokenizer, data_dir)
 if config['tokenizer'] == 'bytes' and vocab_size != BYTES_VOCAB:
