@@ -314,11 +314,11 @@ def decode_bytes(ids):
 
 
 def data_tokenizer(data_dir):
-    """'bytes' or 'gpt2': the tokenizer of data_dir's shards, from its tokenizer.json (none: GPT-2
-    BPE, or lab/arith.py's characters, which its task.json describes)."""
+    """'bytes', 'gpt2' or 'characters': the tokenizer of data_dir's shards, from its tokenizer.json;
+    without one, lab/arith.py's characters where its task.json is, else GPT-2 BPE."""
     path = os.path.join(data_dir, "tokenizer.json")
     if not os.path.isfile(path):
-        return "gpt2"
+        return "characters" if os.path.isfile(os.path.join(data_dir, "task.json")) else "gpt2"
     try:
         with open(path, encoding="utf-8") as f:
             name = json.load(f).get("tokenizer")
