@@ -8,6 +8,8 @@ import os
 
 import torch
 
+from lime import last_line  # lime imports this package only inside a function
+
 # The Triton kernels have been compiled for GPUs and run under Triton's interpreter on a CPU, not
 # yet on a GPU. Until lab/gpu_check.py's report from one is recorded in docs/performance.md,
 # fused=None keeps the plain (compiled) mix on CUDA; then this turns True, and fused=None picks
@@ -45,8 +47,7 @@ def why_not_fused(device, shape):
     try:
         fused = importlib.import_module('kernels.fused')
     except Exception as e:  # an old triton (ImportError from fused.py), or a broken install
-        lines = str(e).strip().splitlines() or ['']
-        return f"kernels/fused.py did not load ({type(e).__name__}: {lines[-1][:200]})"
+        return f"kernels/fused.py did not load ({type(e).__name__}: {last_line(e)[:200]})"
     if str(device).startswith('cuda'):
         capability = torch.cuda.get_device_capability(device)
         if capability < MIN_CAPABILITY:

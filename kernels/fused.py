@@ -40,6 +40,8 @@ from typing import Optional
 
 import torch
 
+from lime import last_line  # lime imports kernels only inside a function
+
 if not torch.cuda.is_available() and 'TRITON_INTERPRET' not in os.environ:
     if 'triton' in sys.modules:  # triton.language's own helpers were built for a GPU then
         raise ImportError("without CUDA the kernels run under Triton's interpreter, which must be "
@@ -576,8 +578,7 @@ def self_check(G, hs, dtype, device):
     try:
         return compare_with_plain(G, hs, dtype, torch.device(device))
     except Exception as e:  # a compile or launch failure, say: the plain mix still works
-        lines = str(e).strip().splitlines() or [type(e).__name__]
-        return f"the self-check failed: {type(e).__name__}: {lines[-1][:200]}"
+        return f"the self-check failed: {type(e).__name__}: {last_line(e)[:200]}"
     finally:
         for kernel in (static_mix_fwd_kernel, static_mix_bwd_kernel, dynamic_mix_fwd_kernel,
                        dynamic_mix_bwd_kernel):
