@@ -47,10 +47,12 @@ def tune_cpu_allocator():
 
 
 def resume_settings(config, given):
-    """The saved run's (model, checkpoint), with config changed in place to the saved run's
-    settings: the model is the checkpoint's (an override that contradicts it is a mistake);
-    data, schedule and evaluation are the checkpoint's unless given again (with a note); what
-    belongs to this machine (MACHINE_KEYS) is today's."""
+    """With init_from='resume', the saved run's (model, checkpoint), with config changed in place
+    to the saved run's settings: the model is the checkpoint's (an override that contradicts it
+    is a mistake); data, schedule and evaluation are the checkpoint's unless given again (with a
+    note); what belongs to this machine (MACHINE_KEYS) is today's. (None, None) for a new run."""
+    if config['init_from'] != 'resume':
+        return None, None
     path = os.path.join(config['out_dir'], 'ckpt.pt')
     # To the CPU: train.py moves the model to its device (under torchrun, known only later).
     model, checkpoint = or_fail(load_checkpoint, path, 'cpu', CHECKPOINT_KEYS)

@@ -204,12 +204,10 @@ mix_kernels = None
 
 
 def use_fused_kernels(fused, device, shape=None):
-    """Set the switch for every model (the scripts' `fused` key). None: on a CPU kernels/cpu.py
-    (faster there); on CUDA the plain PyTorch here, which torch.compile fuses (the Triton kernels
-    are opt-in until tested on a GPU). True: kernels/fused.py's Triton kernels (on a CPU through
-    Triton's interpreter: for tests), or a ValueError saying why not. False: the plain PyTorch
-    here, everywhere. shape, the run's (kv heads, head size, dtype): the Triton kernels first
-    check themselves at it on the GPU. tests/test_fused.py holds each module to this file."""
+    """Set the switch for every model (the scripts' `fused` key): None, the fastest tested code
+    for device (kernels/__init__.py says which); True, the Triton kernels, or a ValueError saying
+    why not; False, the plain PyTorch here. shape, the run's (kv heads, head size, dtype): where
+    the Triton kernels check themselves first. tests/test_fused.py holds each to this file."""
     global mix_kernels
     mix_kernels = None
     if fused is not False:

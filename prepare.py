@@ -103,11 +103,14 @@ def shard_path(out_dir, prefix, split, index):
 def shard_paths(data_dir, split):
     """The paths of data_dir's shards of split ('train' or 'val'), in order. Raises ValueError,
     saying how to make some, if there are none."""
+    if not os.path.isdir(data_dir):
+        raise ValueError(f"data_dir not found: {data_dir} (prepare.py writes shards: `--source "
+                         "fineweb` for data/fineweb_edu; to start small, `--tokenizer=bytes` for "
+                         "config/cpu_demo.py)")
     paths = sorted(glob.glob(os.path.join(data_dir, f"*_{split}_*.bin")))
     if not paths:
-        where = "" if os.path.isdir(data_dir) else " (there is no such directory)"
-        raise ValueError(f"no *_{split}_*.bin shards in {data_dir}/{where}: write some with "
-                         "prepare.py, or point --data_dir at them")
+        raise ValueError(f"no *_{split}_*.bin shards in {data_dir}/: write some with prepare.py, "
+                         "or point --data_dir at them")
     return paths
 
 

@@ -93,9 +93,8 @@ config, given, autocast = configure(globals(), {
     ('scratch', 'resume'): ['init_from'],
     ('bfloat16', 'float32'): ['dtype'],
 })
-model, checkpoint = None, None
-if config['init_from'] == 'resume':  # the saved run's model and settings, not today's defaults
-    model, checkpoint = bookkeeping.resume_settings(config, given)
+# With --init_from=resume: the saved run's model and settings, not today's defaults (else None).
+model, checkpoint = bookkeeping.resume_settings(config, given)
 globals().update(config)
 
 if model is None:
@@ -145,9 +144,6 @@ if master:  # data/pydoc(_bytes), missing: made now, so the quick start needs no
     prepare_if_default(data_dir)
 if ddp:
     dist.barrier()  # the other processes read the data once it is whole
-if not os.path.isdir(data_dir):  # checked before a model is built, which can take a while
-    fail(f"data_dir not found: {data_dir} (prepare.py writes shards: `--source fineweb` for "
-         "data/fineweb_edu; to start small, `--tokenizer=bytes` for config/cpu_demo.py)")
 # The data's tokenizer goes into the run's settings, so that sample.py decodes with it.
 config['tokenizer'] = or_fail(data_tokenizer, data_dir)
 if config['tokenizer'] == 'bytes' and vocab_size != BYTES_VOCAB:

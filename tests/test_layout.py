@@ -56,3 +56,24 @@ def test_limes_mechanism_reads_in_one_sitting():
     start = next(i for i, line in enumerate(model) if line.startswith('class StaticRouter'))
     end = next(i for i, line in enumerate(model) if 'memory.append(kv)' in line)
     assert 0 < end - start < 150, (start, end)
+
+
+def test_the_readme_states_the_reading_path_as_measured(tmp_path):
+    # lab/reading_path.py traces the demo to its first optimizer step; the README's two totals
+    # must be what it measures now (within a few lines), so an edit that lengthens the path shows.
+    import re
+    import subprocess
+    import sys
+    import prepare
+    data = tmp_path / 'pydoc_bytes'
+    prepare.main(['--out_dir', str(data), '--workers', '2', '--tokenizer', 'bytes'])
+    result = subprocess.run([sys.executable, '-m', 'lab.reading_path', f'--data_dir={data}'],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    every = int(re.search(r'every function run: (\d+) lines in 4 files', result.stdout)[1])
+    named = int(re.search(r"at their names \(.*\): (\d+) lines", result.stdout)[1])
+    readme = (ROOT / 'README.md').read_text(encoding='utf-8')
+    stated = re.search(r'a reader visits (\d+) lines\s+in 4 files.*?(\d+) with those helpers',
+                       readme, re.S)
+    assert stated, "the README's reading order no longer states the path"
+    assert abs(int(stated[1]) - every) <= 5 and abs(int(stated[2]) - named) <= 5, result.stdout
