@@ -17,7 +17,7 @@ from dataclasses import fields
 
 import torch
 
-from configurator import fail, or_fail
+from configurator import check_value, fail, or_fail, set_key
 from lime import GPTConfig, load_checkpoint, save_checkpoint
 
 # Settings that belong to the machine a run is on, not to the run: today's, also on a resume.
@@ -46,11 +46,12 @@ def tune_cpu_allocator():
     libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)  # and the heap is not trimmed below that
 
 
-def resume_settings(config, given):
+def resume_settings(config, given, kinds=None):
     """With init_from='resume', the saved run's (model, checkpoint), with config changed in place
     to the saved run's settings: the model is the checkpoint's (an override that contradicts it
     is a mistake); data, schedule and evaluation are the checkpoint's unless given again (with a
-    note); what belongs to this machine (MACHINE_KEYS) is today's. (None, None) for a new run."""
+    note); what belongs to this machine (MACHINE_KEYS) is today's. (None, None) for a new run.
+    kinds: configure's, to check the saved values as a --key=value is checked."""
     if config['init_from'] != 'resume':
         return None, None
     path = os.path.join(config['out_dir'], 'ckpt.pt')
@@ -68,9 +69,12 @@ def resume_settings(config, given):
             fail(f"--{key}={config[key]} contradicts the checkpoint's {old!r}")
         if key in saved:
             say(f"note: resuming with {key}={config[key]!r}, changed from the checkpoint's {old!r}")
+    kind_of = {key: kind for kind, keys in (kinds or {}).items() for key in keys}
     for key in saved:
         if key in config and key not in MACHINE_KEYS and key not in given:
-            config[key] = saved[key]
+            # Checked as a --key=value is: edited by hand, it would fail later, in a traceback
+            set_key(config, key, saved[key], f"{path}: its saved setting")
+            check_value(key, config[key], kind_of.get(key), f"{path}: its saved ")
     return model, checkpoint
 
 
@@ -274,6 +278,8 @@ def records_up_to(records, step, out_dir):
             continue
         try:
             record_step = json.loads(record).get('step', step + 1)
+            if type(record_step) is not int:  # a step train.py did not write: "1", null, 1.5
+                raise ValueError(f"a record's step is {record_step!r}")
         except (ValueError, AttributeError) as e:  # edited by hand, or another file
             fail(f"{out_dir}/log.txt is not train.py's log ({e}): move it away to resume")
         if record_step <= step:

@@ -70,14 +70,20 @@ def configure(namespace, kinds, argv=None):
     return config, given, torch.autocast(device_type, torch.bfloat16) if bf16 else nullcontext()
 
 
-def check_value(key, value, kind):
-    """One line now, not a silent misuse later or torch's traceback at first use."""
+def check_value(key, value, kind, where=''):
+    """One line now, not a silent misuse later or torch's traceback at first use; where, before
+    it, says where the value came from (a checkpoint's saved settings)."""
     if isinstance(value, float) and not math.isfinite(value):
-        fail(f"{key} must be a finite number, got {value}")
+        fail(f"{where}{key} must be a finite number, got {value}")
     if isinstance(kind, tuple) and value not in kind:
-        fail(f"{key} must be one of {', '.join(map(repr, kind))}, got {value!r}")
+        fail(f"{where}{key} must be one of {', '.join(map(repr, kind))}, got {value!r}")
     if kind in KINDS and not KINDS[kind][0](value):
-        fail(f"{key} must be {KINDS[kind][1]}, got {value!r}")
+        fail(f"{where}{key} must be {KINDS[kind][1]}, got {value!r}")
+    # An int becomes a torch or numpy int64 somewhere (a step count, a tensor's size): beyond
+    # that it is an OverflowError there, not a value anyone means (a huge one that fits, say
+    # max_iters=10**15, is taken as asked: it runs that long).
+    if type(value) is int and not -2**63 <= value < 2**63:
+        fail(f"{where}{key} must be from -2**63 to 2**63 - 1, got {value}")
     if kind == 'device' and value.startswith('cuda'):
         count = torch.cuda.device_count()
         if int(value.partition(':')[2] or 0) >= count:
@@ -92,6 +98,21 @@ def fail(message):
         time.sleep(2)
         raise SystemExit(1)
     raise SystemExit(f"error: {message}")
+
+
+def check_memory(nbytes, device, what):
+    """Stop in one line where what, nbytes at the least, cannot fit device's memory: a script's
+    own arrays, sized by its keys (the model's weights are lime.GPTConfig's to check). Beyond the
+    memory they would end in torch's traceback, or in the OOM killer's kill."""
+    if device.startswith('cuda'):
+        have = torch.cuda.get_device_properties(torch.device(device)).total_memory
+    elif hasattr(os, 'sysconf'):
+        have = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+    else:  # no way to know
+        return
+    if nbytes > have:
+        fail(f"{what} take {nbytes / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB of "
+             f"{device}")
 
 
 def or_fail(call, *args, **kwargs):

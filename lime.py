@@ -45,9 +45,11 @@ class GPTConfig:
 
     def __post_init__(self):
         """Every rule on these values is checked here, once, in the words of a --key=value."""
-        for key in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd', 'rope_base'):
+        for key in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd'):
             if not getattr(self, key) > 0:
                 raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")
+        if not self.rope_base >= 1:  # below 1 the wavelengths shrink below 2 pi, then overflow
+            raise ValueError(f"rope_base must be >= 1, got {self.rope_base!r}")
         for key in ('n_kv_head', 'mlp_hidden', 'hyper_connections'):
             if not getattr(self, key) >= 0:
                 raise ValueError(f"{key} must be >= 0, got {getattr(self, key)!r}")
@@ -65,6 +67,23 @@ class GPTConfig:
             raise ValueError(f"n_embd ({self.n_embd}) must split into n_head ({self.n_head}) heads "
                              "of even size (RoPE rotates channel pairs), and n_head must be a "
                              f"multiple of n_kv_head ({self.n_kv_head})")
+        # The one bound on the model's size, checked before anything is allocated: a model too big
+        # for this machine's memory would end in torch's traceback or the OOM killer. Every script
+        # builds the model in this memory first, then moves it to its device. Counted: the float32
+        # weights, then RoPE's tables (block_size * head size) and the final norm.
+        D, G, hs, n, L = self.n_embd, self.n_kv_head, self.n_embd // self.n_head, \
+            self.hyper_connections, self.n_layer
+        hc = 2 * (n * (n + 2) + (D * (n + 2) + 2) * self.hc_dynamic) if n else 0
+        layer = 2 * D * D + 2 * D * G * hs + 3 * D * self.mlp_hidden + 2 * D + hc
+        router = {'none': 0, 'static': G * G, 'dynamic': (D + 1) * G}[self.router]  # per source
+        weights = 64 * -(-self.vocab_size // 64) * D + L * layer + router * (L * (L + 1) // 2 - 1)
+        need = 4 * (weights + self.block_size * hs + D)
+        have = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') if hasattr(os, 'sysconf') \
+            else need
+        if need > have:
+            raise ValueError(f"the model's weights alone take {need / 2**30:,.1f} GiB, more than "
+                             f"this machine's {have / 2**30:,.1f} GiB: lower n_layer, n_embd, "
+                             "mlp_hidden, hyper_connections, vocab_size or block_size")
 
 
 # -----------------------------------------------------------------------------
@@ -389,7 +408,9 @@ class GPT(nn.Module):
             if temperature == 0:
                 next_id = logits.argmax(dim=-1, keepdim=True)
             else:
-                logits = logits / temperature
+                # From the largest logit down: divided by a tiny temperature, the logits themselves
+                # overflow to inf (and softmax to nan); their distances only to -inf, probability 0.
+                logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
                 if top_k is not None:
                     kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
                     logits = logits.masked_fill(logits < kth, float('-inf'))

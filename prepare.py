@@ -76,6 +76,8 @@ def read_shard(path, vocab_size=None):
     """A shard's tokens as a read-only uint16 array mapped from disk (pages load only when used).
     Raises ValueError, naming the file, if it is not one whole shard, or, given vocab_size, if it
     holds an id the model has no embedding for (that check reads the shard whole)."""
+    if not os.path.isfile(path):  # a directory of that name, say: open() would be a traceback
+        raise ValueError(f"{path}: not a file, so not a token shard")
     size = os.path.getsize(path)
     if size < HEADER_BYTES:
         raise ValueError(f"{path}: {size} bytes is too short to hold the {HEADER_BYTES}-byte "
@@ -123,8 +125,11 @@ def token_bytes(vocab_size, data_dir):
         return np.array([1] * 256 + [0]), None  # a byte is a byte; the document start is none
     task_path = os.path.join(data_dir, "task.json")
     if os.path.isfile(task_path):  # lab/arith.py's data: a token id is a character's index
-        with open(task_path, encoding="utf-8") as f:
-            vocab = json.load(f).get("vocab")
+        try:
+            with open(task_path, encoding="utf-8") as f:
+                vocab = json.load(f).get("vocab")
+        except (ValueError, OSError, AttributeError):  # cut short, or not an object: no vocab
+            vocab = None
         if isinstance(vocab, str) and len(vocab) == vocab_size:
             return np.array([len(c.encode("utf-8")) for c in vocab]), None
         return None, f"{task_path} does not give the {vocab_size} tokens' characters"
@@ -416,6 +421,11 @@ def main(argv=None):
     parser.add_argument("--workers", type=count, default=os.cpu_count(), metavar="N",
                         help="tokenizer processes (default: one per CPU core)")
     args = parser.parse_args(argv)
+    if args.shard_size >= 2**31:  # the header counts a shard's tokens in an int32
+        parser.error(f"argument --shard_size: at most 2**31 - 1 tokens, got {args.shard_size:,}")
+    if args.workers > 4 * (os.cpu_count() or 1):  # each is a process: 10**9 would fork for ever
+        parser.error(f"argument --workers: at most 4 per CPU core ({os.cpu_count()} here), "
+                     f"got {args.workers:,}")
 
     name = "local" if args.input else args.source
     prefix = PREFIXES[name]

@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from configurator import configure, fail, or_fail, read_text
+from configurator import check_memory, configure, fail, or_fail, read_text
 from lime import load_model, use_fused_kernels
 from prepare import BYTES_DOC, BYTES_VOCAB, decode_bytes, gpt2_encoding
 
@@ -55,6 +55,11 @@ else:
     decode = enc.decode
 if not start_ids:
     fail("the prompt is empty: give some text with --start (the default starts a new document)")
+# The samples' KV cache (keys and values of every layer, block_size long), and their tokens
+cfg = model.config
+cache = 2 * cfg.n_layer * cfg.n_kv_head * cfg.block_size * (cfg.n_embd // cfg.n_head) * 4
+check_memory(num_samples * (cache + 8 * len(start_ids)), device,
+             f"--num_samples={num_samples}: their KV caches")
 idx = torch.tensor([start_ids] * num_samples, dtype=torch.long, device=device)  # (num_samples, T)
 
 with autocast:

@@ -79,6 +79,8 @@ VOCAB = '\n0123456789+-*/()='  # characters, id = position; '\n' (id 0) ends an 
 END = VOCAB[0]
 OPS = '+-*/'
 PRECEDENCE = {'+': 1, '-': 1, '*': 2, '/': 2}
+MOST_OPS = 100  # the largest max_ops: an example is ~max_ops**2 characters (100 at 6 operators, 30K at 100)
+MOST_EVAL = 100000  # the largest eval_per_ops
 SLACK = 8  # tokens a completion may run past the reference solution before decoding stops
 ASCII_TO_ID = np.full(128, len(VOCAB), dtype=np.uint16)  # len(VOCAB) marks "not in the vocabulary"
 ASCII_TO_ID[[ord(c) for c in VOCAB]] = np.arange(len(VOCAB))
@@ -189,6 +191,14 @@ def run_prepare(task):
     """The data set into out_dir, its task.json last: runs may have trained on what a directory
     holds, so a finished set is kept and another data set refused; only the shards of an
     interrupted prepare (no task.json yet) are replaced."""
+    # A shard's header counts its tokens in an int32: measured on one example of each operator count
+    rng = random.Random(0)
+    example_tokens = sum(len(example_text(*make_example(rng, n, task['modulus'], task['cot'])))
+                         for n in range(task['min_ops'], task['max_ops'] + 1))
+    for key in ('val_per_ops', 'train_per_ops'):
+        if task[key] * example_tokens >= 2**31:
+            fail(f"{key}={task[key]} makes a split of about {task[key] * example_tokens:,} tokens, more than "
+                 "a shard holds (2**31 - 1)")
     task_path = os.path.join(out_dir, 'task.json')
     shards = glob.glob(os.path.join(out_dir, '*_*_*.bin'))
     if os.path.isfile(task_path) and read_json(task_path, 'task file') == task:
@@ -226,7 +236,9 @@ def read_task(data_dir):
         fail(f"the checkpoint's data_dir {data_dir} is not there: evaluation reads its task.json "
              "and shards")
     task = read_json(path, 'task file', "the checkpoint was not trained on `python -m lab.arith --mode=prepare` data")
-    if not isinstance(task, dict) or not {'seed', 'modulus', 'min_ops', 'max_ops', 'cot'} <= task.keys():
+    kinds = {'seed': int, 'modulus': int, 'min_ops': int, 'max_ops': int, 'cot': bool}  # as main() checks them
+    if not isinstance(task, dict) or any(type(task.get(key)) is not kind for key, kind in kinds.items()) \
+            or not 2 <= task['modulus'] < 2**31 or not 1 <= task['min_ops'] <= task['max_ops'] <= MOST_OPS:
         fail(f"{path} is not the task.json that `python -m lab.arith --mode=prepare` writes")
     return task
 
@@ -348,8 +360,14 @@ def main():
         fail(f"--mode={mode} has no use for {', '.join(sorted(other))}: {why}")
     if not 1 <= min_ops <= max_ops:
         fail(f"need 1 <= min_ops <= max_ops, got {min_ops} and {max_ops}")
+    if max_ops > MOST_OPS:
+        fail(f"max_ops must be at most {MOST_OPS}, got {max_ops}: a solution's length grows as its square")
+    if modulus >= 2**31:  # the test below tries every divisor up to the square root
+        fail(f"modulus must be below 2**31 (a prime such as 11), got {modulus}")
     if modulus < 2 or any(modulus % d == 0 for d in range(2, int(modulus ** 0.5) + 1)):
         fail(f"modulus must be a prime (so that every nonzero number has an inverse), got {modulus}")
+    if eval_per_ops > MOST_EVAL:  # and up to 20 times that many are drawn to find them
+        fail(f"eval_per_ops must be at most {MOST_EVAL:,}, got {eval_per_ops}")
     if mode == 'prepare':
         run_prepare({'seed': seed, 'modulus': modulus, 'min_ops': min_ops, 'max_ops': max_ops, 'cot': cot,
                      'vocab': VOCAB, 'train_per_ops': train_per_ops, 'val_per_ops': val_per_ops})

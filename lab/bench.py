@@ -24,7 +24,7 @@ from datetime import date
 
 import torch
 
-from configurator import configure, fail, or_fail
+from configurator import check_memory, configure, fail, or_fail
 from lime import GPT, ROUTERS, GPTConfig, use_fused_kernels
 
 SHAPES = {  # name: (GPTConfig fields, batch size)
@@ -111,10 +111,13 @@ def measure(model_args, B, name):
     # First: the kernels must choose Triton's interpreter (on a CPU) before dynamo imports triton.
     or_fail(use_fused_kernels, False if plain else fused, device)
     torch._dynamo.reset()  # each router compiles afresh, with nothing cached from the last
-    model = GPT(or_fail(GPTConfig, router=router, hyper_connections=hc, **model_args)).to(device)
+    model_config = or_fail(GPTConfig, router=router, hyper_connections=hc, **model_args)
+    T = model_args['block_size']  # the step's float32 logits, at the least: B * T * vocabulary
+    check_memory(B * T * 64 * -(-model_config.vocab_size // 64) * 4, device,
+                 f"--batch_size={B}: a step's logits ({B} x {T} tokens x the vocabulary)")
+    model = GPT(model_config).to(device)
     optimizer = model.configure_optimizers(0.1, 1e-3, 1e-2, fused=device_type == 'cuda')
     step_model = torch.compile(model) if compile else model
-    T = model_args['block_size']
     x = torch.randint(0, model.config.vocab_size, (B, T + 1), device=device)
     x, y = x[:, :-1], x[:, 1:]
 

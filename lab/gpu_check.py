@@ -30,7 +30,7 @@ from datetime import date
 import torch
 
 import lime
-from configurator import configure, fail
+from configurator import configure, fail, read_text
 from lime import GPT, GPTConfig
 
 # -----------------------------------------------------------------------------
@@ -47,7 +47,11 @@ def preset_values(path):
     """A config file's `key = literal` lines, over train.py's defaults for the model's keys."""
     values = {'n_layer': 12, 'n_head': 12, 'n_kv_head': 0, 'n_embd': 768, 'block_size': 1024,
               'router': 'static', 'mlp_hidden': 0, 'vocab_size': 50257}
-    for node in ast.parse(open(path, encoding='utf-8').read()).body:
+    try:
+        body = ast.parse(read_text(path, 'preset'), filename=path).body
+    except (SyntaxError, ValueError) as e:  # ValueError: NUL bytes
+        fail(f"{path}:{getattr(e, 'lineno', '')}: not a config file of `key = value` lines")
+    for node in body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             try:
                 values[node.targets[0].id] = ast.literal_eval(node.value)
@@ -224,6 +228,10 @@ def main():
         return
     if not os.path.isfile(os.path.join(ROOT, preset)):
         fail(f"preset not found: {preset}")
+    try:  # its model, checked now: part 3, which trains it, comes after minutes of the others
+        model_config(preset_values(os.path.join(ROOT, preset)))
+    except (TypeError, ValueError) as e:  # a value of another type, or out of its range
+        fail(f"preset {preset}: {e}")
     parts = [('Environment', environment)]
     parts += [('1. Kernel tests, real kernels', run_tests),
               ('2. Self-check at every preset', self_checks),
