@@ -48,7 +48,9 @@ class GPTConfig:
         for key in ('block_size', 'vocab_size', 'n_layer', 'n_head', 'n_embd'):
             if not getattr(self, key) > 0:
                 raise ValueError(f"{key} must be > 0, got {getattr(self, key)!r}")
-        if not self.rope_base >= 1:  # below 1 the wavelengths shrink below 2 pi, then overflow
+        # RoPE's wavelengths run from 2 pi to 2 pi rope_base; below 1 they would shrink instead
+        # (and by ~1e-38 its frequencies overflow float32: nan from the first step)
+        if not self.rope_base >= 1:
             raise ValueError(f"rope_base must be >= 1, got {self.rope_base!r}")
         for key in ('n_kv_head', 'mlp_hidden', 'hyper_connections'):
             if not getattr(self, key) >= 0:
@@ -408,8 +410,9 @@ class GPT(nn.Module):
             if temperature == 0:
                 next_id = logits.argmax(dim=-1, keepdim=True)
             else:
-                # From the largest logit down: divided by a tiny temperature, the logits themselves
-                # overflow to inf (and softmax to nan); their distances only to -inf, probability 0.
+                # Distances to the largest logit, in float64: divided by a tiny temperature (float32
+                # would make 1e-300 a 0) they go to -inf, probability 0; logits alone went to nan.
+                logits = logits.double()
                 logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
                 if top_k is not None:
                     kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]

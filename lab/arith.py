@@ -238,7 +238,7 @@ def read_task(data_dir):
     task = read_json(path, 'task file', "the checkpoint was not trained on `python -m lab.arith --mode=prepare` data")
     kinds = {'seed': int, 'modulus': int, 'min_ops': int, 'max_ops': int, 'cot': bool}  # as main() checks them
     if not isinstance(task, dict) or any(type(task.get(key)) is not kind for key, kind in kinds.items()) \
-            or not 2 <= task['modulus'] < 2**31 or not 1 <= task['min_ops'] <= task['max_ops'] <= MOST_OPS:
+            or not 2 <= task['modulus'] < 10**14 or not 1 <= task['min_ops'] <= task['max_ops'] <= MOST_OPS:
         fail(f"{path} is not the task.json that `python -m lab.arith --mode=prepare` writes")
     return task
 
@@ -362,8 +362,8 @@ def main():
         fail(f"need 1 <= min_ops <= max_ops, got {min_ops} and {max_ops}")
     if max_ops > MOST_OPS:
         fail(f"max_ops must be at most {MOST_OPS}, got {max_ops}: a solution's length grows as its square")
-    if modulus >= 2**31:  # the test below tries every divisor up to the square root
-        fail(f"modulus must be below 2**31 (a prime such as 11), got {modulus}")
+    if modulus >= 10**14:  # the test below tries every divisor up to the square root: 10**7 of them
+        fail(f"modulus must be below 10**14 (a prime such as 11), got {modulus}")
     if modulus < 2 or any(modulus % d == 0 for d in range(2, int(modulus ** 0.5) + 1)):
         fail(f"modulus must be a prime (so that every nonzero number has an inverse), got {modulus}")
     if eval_per_ops > MOST_EVAL:  # and up to 20 times that many are drawn to find them

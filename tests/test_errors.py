@@ -22,6 +22,7 @@ import zipfile
 import pytest
 import torch
 
+import lime
 import prepare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: scripts run from there
@@ -90,8 +91,10 @@ def root(tmp_path_factory):
                          ('flipped', lambda c: None),  # and three parts of the state edited by hand:
                          ('badopt', lambda c: c.update(optimizer={'state': {}, 'param_groups': []})),
                          ('badrng', lambda c: c.update(rng={'cpu': torch.zeros(3)})),
-                         ('baddata', lambda c: c['data'].pop('pos'))]:
-        copy = {**checkpoint, **{k: dict(checkpoint[k]) for k in ('model', 'model_args', 'data')}}
+                         ('baddata', lambda c: c['data'].pop('pos')),
+                         ('badsetting', lambda c: c['config'].update(learning_rate='3e-3'))]:
+        copy = {**checkpoint, **{k: dict(checkpoint[k])
+                                 for k in ('model', 'model_args', 'data', 'config')}}
         change(copy)
         (files / name).mkdir()
         torch.save(copy, files / name / 'ckpt.pt')
@@ -109,6 +112,26 @@ def root(tmp_path_factory):
     shutil.copytree(root / 'run', files / 'badlog')  # its log.txt edited by hand
     with open(files / 'badlog' / 'log.txt', 'ab') as f:
         f.write('{"step": 1, "note": "café"}\nnot json\n'.encode('latin-1'))
+    shutil.copytree(root / 'run', files / 'nullstep')  # a record whose step is no number
+    with open(files / 'nullstep' / 'log.txt', 'a') as f:
+        f.write('{"step": null}\n')
+    # Data whose tokenizer.json is cut short, or not an object; whose shards are directories
+    for name, text in [('cut_tokenizer', '{"tokenizer": "byt'), ('list_tokenizer', '[1, 2]')]:
+        (files / name).mkdir()
+        shutil.copy(root / 'data' / 'pydoc_val_000000.bin', files / name)
+        (files / name / 'tokenizer.json').write_text(text)
+    for shard in ('x_val_000000.bin', 'x_train_000001.bin'):
+        (files / 'shard_dirs' / shard).mkdir(parents=True)
+    # lab/arith.py's data with a task.json of the wrong types, and a checkpoint trained "on it"
+    (files / 'arith_types').mkdir()
+    (files / 'arith_types' / 'task.json').write_text(json.dumps(
+        {'seed': 1, 'modulus': '11', 'min_ops': 1, 'max_ops': 2, 'cot': True}))
+    (files / 'arith_run').mkdir()
+    model = lime.GPT(lime.GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=64, vocab_size=18))
+    where = {'data_dir': str(files / 'arith_types')}
+    lime.save_checkpoint(files / 'arith_run' / 'ckpt.pt', model, step=1, best_val_loss=1.0,
+                         config=where, data=where)
+    (files / 'huge_preset.py').write_text('n_layer = 1000000000\n')
     return root
 
 
@@ -252,7 +275,112 @@ CASES = [
     case('nan-before-any-checkpoint', 'train.py', '{tiny} --data_dir={data} --out_dir={scratch}/nan '
          '--learning_rate=1e30 --router_lr=1e30 --min_lr=0 --grad_clip=0 --max_iters=50',
          'No checkpoint was saved before it', alone=True),
+    # files in data_dir and out_dir, malformed
+    case('train-tokenizer-json-cut-short', 'train.py',
+         '{tiny} --data_dir={files}/cut_tokenizer --out_dir={scratch}/o',
+         "cut_tokenizer/tokenizer.json: not prepare.py's tokenizer.json (Unterminated string"),
+    case('evaluate-tokenizer-json-not-an-object', 'lab/evaluate.py',
+         '--out_dir={run} --task= --data_dir={files}/list_tokenizer',
+         "list_tokenizer/tokenizer.json: not prepare.py's tokenizer.json"),
+    case('prepare-tokenizer-json-cut-short', 'prepare.py', '--out_dir {files}/cut_tokenizer',
+         "tokenizer.json: not prepare.py's tokenizer.json"),
+    case('train-shard-is-a-directory', 'train.py',
+         '{tiny} --data_dir={files}/shard_dirs --out_dir={scratch}/o',
+         'x_train_000001.bin: not a file, so not a token shard'),
+    case('evaluate-shard-is-a-directory', 'lab/evaluate.py',
+         '--out_dir={run} --task= --data_dir={files}/shard_dirs',
+         'x_val_000000.bin: not a file, so not a token shard'),
+    case('analyze-shard-is-a-directory', 'lab/analyze.py',
+         '--out_dirs={run} --data_dir={files}/shard_dirs', 'x_val_000000.bin: not a file'),
+    case('arith-eval-task-json-of-wrong-types', 'lab/arith.py',
+         '--mode=eval --ckpt_dir={files}/arith_run --device=cpu',
+         "arith_types/task.json is not the task.json that `python -m lab.arith --mode=prepare` writes"),
+    case('resume-log-step-not-a-number', 'train.py',
+         '--out_dir={files}/nullstep --init_from=resume --device=cpu',
+         "log.txt is not train.py's log (a record's step is None)"),
+    case('resume-saved-setting-of-another-type', 'train.py',
+         '--out_dir={files}/badsetting --init_from=resume --device=cpu',
+         "ckpt.pt: its saved setting: learning_rate must be float (like 0.001), got '3e-3'"),
+    case('gpu-check-preset-syntax', 'lab/gpu_check.py', '--preset={files}/syntax.py',
+         'syntax.py:2: not a config file'),
+    # sizes past this machine's memory: refused before anything is allocated, in one line (the
+    # model's weights in lime.GPTConfig; a script's own arrays in configurator.check_memory)
+    *[case(f'train-huge-{key}', 'train.py', f'--device=cpu --{key}={value}',
+           "the model's weights alone take")
+      for key, value in [('n_layer', 10**9), ('n_embd', 12 * 10**8), ('mlp_hidden', 10**9),
+                         ('hyper_connections', 10**9), ('vocab_size', 10**9),
+                         ('block_size', 10**12)]],
+    case('gpu-check-preset-too-big', 'lab/gpu_check.py', '--preset={files}/huge_preset.py',
+         "huge_preset.py: the model's weights alone take"),
+    case('bench-huge-hyper-connections', 'lab/bench.py',
+         '--device=cpu --shape=tiny --routers=hc --hyper_connections=1000000000',
+         "the model's weights alone take"),
+    case('bench-huge-batch', 'lab/bench.py', '--device=cpu --shape=tiny --routers=none '
+         '--batch_size=1000000000', "--batch_size=1000000000: a step's logits"),
+    case('sample-huge-num-samples', 'sample.py', '--out_dir={run} --device=cpu '
+         '--num_samples=1000000000', '--num_samples=1000000000: their KV caches take'),
+    case('analyze-more-sequences-than-places', 'lab/analyze.py',
+         '--out_dirs={run} --data_dir={data} --batch_size=1000000000',
+         '--batch_size=1000000000: more sequences than the'),
+    # and what would run for hours (trial divisions up to 3e9, expressions of 10**9 operators,
+    # a billion test expressions) or overflow a shard's int32 count of tokens
+    case('arith-modulus-of-ten-million-trial-divisions', 'lab/arith.py', f'--modulus={10**14 + 31}',
+         'modulus must be below 10**14'),
+    case('train-rope-base-below-one', 'train.py', '--rope_base=1e-300', 'rope_base must be >= 1'),
+    case('arith-huge-max-ops', 'lab/arith.py', '--max_ops=1000000000', 'max_ops must be at most 100'),
+    case('arith-huge-train-split', 'lab/arith.py', '--out_dir={scratch}/a --train_per_ops=1000000000',
+         'train_per_ops=1000000000 makes a split of about'),
+    case('arith-huge-eval-set', 'lab/arith.py', '--mode=eval --ckpt_dir={run} '
+         '--eval_per_ops=1000000000', 'eval_per_ops must be at most 100,000'),
+    case('prepare-huge-shard-size', 'prepare.py', '--out_dir {scratch}/p --shard_size 1000B',
+         'argument --shard_size: at most 2**31 - 1 tokens'),
+    case('prepare-huge-workers', 'prepare.py', '--out_dir {scratch}/p --workers 1B',
+         'argument --workers: at most 4 per CPU core'),
+    case('prepare-nan-count', 'prepare.py', '--out_dir {scratch}/p --val_every nan',
+         "argument --val_every: expected a positive count"),
 ]
+
+# Every numeric key of every script (`--help` lists them) at its extremes, as {script: (keys that
+# must be > 0, keys that may be 0)}, ints then floats. Each gets past int64 (10**30: an int) or
+# non-finite (1e999 and -1e999: a float), -1, and 0 where it must be > 0. Accepted, so not here:
+# 0 where it means none, all or off (n_kv_head, mlp_hidden, hyper_connections, mc_interval,
+# warmup_iters, lr_decay_iters, top_k, max_examples, shots, limit, num_fewshot, bench's
+# batch_size), or is a value (seed, temperature 0: greedy; router_lr, weight_decay, beta1, beta2,
+# grad_clip, min_lr); tiny floats (1e-300: a learning_rate below min_lr is refused, a temperature
+# samples the likeliest token); and huge values that fit in int64 and mean "longer" (max_iters,
+# eval_iters, gradient_accumulation_steps, max_new_tokens, steps, warmup, limit: they run as
+# long as asked; the data caps eval_iters and batch sizes, and memory the sizes above).
+NUMERIC_KEYS = {
+    'train.py': (['eval_interval', 'eval_iters', 'log_interval', 'mc_examples', 'n_layer',
+                  'n_head', 'n_embd', 'block_size', 'vocab_size', 'batch_size',
+                  'gradient_accumulation_steps', 'max_iters'],
+                 ['mc_interval', 'n_kv_head', 'mlp_hidden', 'hyper_connections', 'warmup_iters',
+                  'lr_decay_iters', 'seed'],
+                 ['rope_base', 'router_top_p', 'learning_rate', 'peak_flops'],
+                 ['router_lr', 'weight_decay', 'beta1', 'beta2', 'grad_clip', 'min_lr']),
+    'sample.py': (['num_samples', 'max_new_tokens'], ['top_k', 'seed'], [], ['temperature']),
+    'lab/evaluate.py': (['batch_size'], ['max_examples', 'shots', 'seed'], [], []),
+    'lab/analyze.py': (['batch_size', 'probe_examples', 'probe_folds'], ['seed'], ['alpha'], []),
+    'lab/arith.py': (['modulus', 'min_ops', 'max_ops', 'train_per_ops', 'val_per_ops',
+                      'eval_per_ops', 'eval_batch'], ['seed'], [], []),
+    'lab/bench.py': (['hyper_connections', 'steps', 'warmup'], ['batch_size'],
+                     ['peak_flops', 'bandwidth'], []),
+    'lab/plot.py': (['n_ops'], [], [], []),
+    'lab/gpu_check.py': (['steps', 'batch_size'], [], [], []),
+    'lab/table1.py': (['batch_size'], ['num_fewshot', 'limit', 'seed'], [], []),
+}
+
+
+def sweep(script, positive_ints, ints, positive_floats, floats):
+    values = {key: ['1000000000000000000000000000000', '-1'] for key in positive_ints + ints}
+    values.update({key: ['1e999', '-1e999', '-1'] for key in positive_floats + floats})
+    for key in positive_ints + positive_floats:
+        values[key].append('0')
+    return [case(f"{script.removeprefix('lab/')[:-3]}-{key}={value}", script, f'--{key}={value}',
+                 f"{key} must be") for key, keys in values.items() for value in keys]
+
+
+CASES += [param for script, keys in NUMERIC_KEYS.items() for param in sweep(script, *keys)]
 
 # Runs cases [(name, script, args, cwd)] one after another in this one process, each as
 # `python SCRIPT ARGS` in cwd would (a SystemExit's message goes to stderr, as Python prints it), and
@@ -260,8 +388,14 @@ CASES = [
 BATCH = """
 import contextlib, hashlib, io, json, os, pathlib, runpy, sys, traceback
 root = pathlib.Path(sys.argv[1])
+hashed = {}  # path: (its stat, its hash): a file is hashed again only when written since
+def digest(p):
+    st = p.stat()
+    if hashed.get(p, (None,))[0] != (st.st_size, st.st_mtime_ns, st.st_ino):
+        hashed[p] = (st.st_size, st.st_mtime_ns, st.st_ino), hashlib.sha256(p.read_bytes()).hexdigest()
+    return hashed[p][1]
 def snapshot():
-    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob('*')) if p.is_file()}
+    return {str(p): digest(p) for p in sorted(root.rglob('*')) if p.is_file()}
 results = {}
 repo = sys.argv[2]
 sys.path.insert(0, repo)  # for `python -m lab.NAME` and for the scripts' imports
@@ -356,3 +490,23 @@ def test_help_lists_every_key_with_its_default_and_comment(script):
     assert re.search(r'^  --device=\w+', result.stdout, re.M), result.stdout
     if script == 'train.py':
         assert re.search(r'^  --grad_clip=1\.0 +0 disables clipping$', result.stdout, re.M), result.stdout
+
+
+def test_a_tiny_temperature_samples_the_likeliest_token():
+    """Divided by 1e-300 the logits overflow to inf, and softmax gave nan (a RuntimeError in
+    torch.multinomial): generate divides their distances to the largest, which stay finite."""
+    torch.manual_seed(0)
+    model = lime.GPT(lime.GPTConfig(n_layer=2, n_head=2, n_embd=16, block_size=16, vocab_size=64,
+                                    router='static')).eval()
+    prompt = torch.randint(0, 64, (2, 3))
+    assert torch.equal(model.generate(prompt, 5, temperature=1e-300),
+                       model.generate(prompt, 5, temperature=0))
+
+
+@pytest.mark.parametrize('text', ['{"vocab": "ab', '[1]', '{"vocab": 5}'])
+def test_a_malformed_task_json_means_no_bits_per_byte(tmp_path, text):
+    """train.py and lab/evaluate.py leave bits per byte out, with a note naming the file, where
+    lab/arith.py's task.json does not give the characters (cut short, or of other types)."""
+    (tmp_path / 'task.json').write_text(text)
+    counts, why = prepare.token_bytes(18, str(tmp_path))
+    assert counts is None and why == f"{tmp_path / 'task.json'} does not give the 18 tokens' characters"
