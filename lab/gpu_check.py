@@ -55,8 +55,8 @@ def preset_values(path):
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             try:
                 values[node.targets[0].id] = ast.literal_eval(node.value)
-            except (ValueError, AttributeError, SyntaxError):
-                pass
+            except (ValueError, AttributeError, SyntaxError):  # as train.py would refuse it
+                fail(f"{path}:{node.lineno}: config files hold `key = value` lines of plain literals")
     return values
 
 

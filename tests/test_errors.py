@@ -132,6 +132,7 @@ def root(tmp_path_factory):
     lime.save_checkpoint(files / 'arith_run' / 'ckpt.pt', model, step=1, best_val_loss=1.0,
                          config=where, data=where)
     (files / 'huge_preset.py').write_text('n_layer = 1000000000\n')
+    (files / 'expression_preset.py').write_text('n_layer = 10**9\n')
     return root
 
 
@@ -303,6 +304,8 @@ CASES = [
          "ckpt.pt: its saved setting: learning_rate must be float (like 0.001), got '3e-3'"),
     case('gpu-check-preset-syntax', 'lab/gpu_check.py', '--preset={files}/syntax.py',
          'syntax.py:2: not a config file'),
+    case('gpu-check-preset-not-a-literal', 'lab/gpu_check.py',
+         '--preset={files}/expression_preset.py', 'expression_preset.py:1: config files hold'),
     # sizes past this machine's memory: refused before anything is allocated, in one line (the
     # model's weights in lime.GPTConfig; a script's own arrays in configurator.check_memory)
     *[case(f'train-huge-{key}', 'train.py', f'--device=cpu --{key}={value}',
