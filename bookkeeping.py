@@ -46,12 +46,12 @@ def tune_cpu_allocator():
     libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)  # and the heap is not trimmed below that
 
 
-def resume_settings(config, given, kinds=None):
+def resume_settings(config, given, kinds):
     """With init_from='resume', the saved run's (model, checkpoint), with config changed in place
     to the saved run's settings: the model is the checkpoint's (an override that contradicts it
     is a mistake); data, schedule and evaluation are the checkpoint's unless given again (with a
     note); what belongs to this machine (MACHINE_KEYS) is today's. (None, None) for a new run.
-    kinds: configure's, to check the saved values as a --key=value is checked."""
+    kinds: configure's, to check the saved values as a --key=value is."""
     if config['init_from'] != 'resume':
         return None, None
     path = os.path.join(config['out_dir'], 'ckpt.pt')
@@ -69,7 +69,7 @@ def resume_settings(config, given, kinds=None):
             fail(f"--{key}={config[key]} contradicts the checkpoint's {old!r}")
         if key in saved:
             say(f"note: resuming with {key}={config[key]!r}, changed from the checkpoint's {old!r}")
-    kind_of = {key: kind for kind, keys in (kinds or {}).items() for key in keys}
+    kind_of = {key: kind for kind, keys in kinds.items() for key in keys}
     for key in saved:
         if key in config and key not in MACHINE_KEYS and key not in given:
             # Checked as a --key=value is: edited by hand, it would fail later, in a traceback

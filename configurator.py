@@ -16,6 +16,8 @@ from contextlib import nullcontext
 
 import torch
 
+from lime import memory_bytes
+
 # What a key may hold: a test, and how an error states it. A script gives a key a kind or a tuple
 # of allowed values where the script itself uses the value; the model's keys are checked where they
 # are used, by lime.GPTConfig, so they need none here (nor do True/False keys and None, automatic).
@@ -104,13 +106,8 @@ def check_memory(nbytes, device, what):
     """Stop in one line where what, nbytes at the least, cannot fit device's memory: a script's
     own arrays, sized by its keys (the model's weights are lime.GPTConfig's to check). Beyond the
     memory they would end in torch's traceback, or in the OOM killer's kill."""
-    if device.startswith('cuda'):
-        have = torch.cuda.get_device_properties(torch.device(device)).total_memory
-    elif hasattr(os, 'sysconf'):
-        have = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
-    else:  # no way to know
-        return
-    if nbytes > have:
+    have = memory_bytes(device)
+    if have is not None and nbytes > have:
         fail(f"{what} take {nbytes / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB of "
              f"{device}")
 

@@ -69,23 +69,33 @@ class GPTConfig:
             raise ValueError(f"n_embd ({self.n_embd}) must split into n_head ({self.n_head}) heads "
                              "of even size (RoPE rotates channel pairs), and n_head must be a "
                              f"multiple of n_kv_head ({self.n_kv_head})")
-        # The one bound on the model's size, checked before anything is allocated: a model too big
-        # for this machine's memory would end in torch's traceback or the OOM killer. Every script
-        # builds the model in this memory first, then moves it to its device. Counted: the float32
-        # weights, then RoPE's tables (block_size * head size) and the final norm.
-        D, G, hs, n, L = self.n_embd, self.n_kv_head, self.n_embd // self.n_head, \
-            self.hyper_connections, self.n_layer
-        hc = 2 * (n * (n + 2) + (D * (n + 2) + 2) * self.hc_dynamic) if n else 0
-        layer = 2 * D * D + 2 * D * G * hs + 3 * D * self.mlp_hidden + 2 * D + hc
-        router = {'none': 0, 'static': G * G, 'dynamic': (D + 1) * G}[self.router]  # per source
-        weights = 64 * -(-self.vocab_size // 64) * D + L * layer + router * (L * (L + 1) // 2 - 1)
-        need = 4 * (weights + self.block_size * hs + D)
-        have = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') if hasattr(os, 'sysconf') \
-            else need
-        if need > have:
+        # The one bound on the model's size, checked before anything is allocated: a model too
+        # big for memory would end in torch's traceback or the OOM killer. Every script builds the
+        # model in this machine's memory first (float32), then moves it to its device.
+        need = 4 * self.num_floats()
+        have = memory_bytes('cpu')
+        if have is not None and need > have:
             raise ValueError(f"the model's weights alone take {need / 2**30:,.1f} GiB, more than "
                              f"this machine's {have / 2**30:,.1f} GiB: lower n_layer, n_embd, "
                              "mlp_hidden, hyper_connections, vocab_size or block_size")
+
+    def num_floats(self):
+        """The numbers the model holds, counted before it exists: its weights (GPT.num_params)
+        and RoPE's tables. tests/test_model_more.py holds it to the models it builds."""
+        D = self.n_embd
+        G = self.n_kv_head
+        hs = self.n_embd // self.n_head
+        # A block: the q and o projections, k and v, SwiGLU's three matrices, two norm gains.
+        block = 2 * D * D + 2 * D * G * hs + 3 * D * self.mlp_hidden + 2 * D
+        if self.hyper_connections:  # two per block (baselines/hyper_connections.py)
+            n = self.hyper_connections
+            block += 2 * (n * (n + 2) + (D * (n + 2) + 2) * self.hc_dynamic)
+        # Routers read, at layer l, l + 1 sources: 2 + 3 + ... + n_layer of them in all.
+        sources = self.n_layer * (self.n_layer + 1) // 2 - 1
+        per_source = {'none': 0, 'static': G * G, 'dynamic': (D + 1) * G}[self.router]
+        embedding = 64 * ((self.vocab_size + 63) // 64) * D  # padded (GPT); tied to the head
+        rope = self.block_size * hs  # cos and sin, half a head wide each
+        return embedding + self.n_layer * block + sources * per_source + D + rope
 
 
 # -----------------------------------------------------------------------------
@@ -523,3 +533,12 @@ def last_line(error):
     """The last line of torch's long messages: the most specific (it names a missing weight)."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return lines[-1] if lines else type(error).__name__
+
+
+def memory_bytes(device):
+    """The memory of device: a CUDA GPU's, else this machine's; None where it cannot be known."""
+    if str(device).startswith('cuda'):
+        return torch.cuda.get_device_properties(torch.device(device)).total_memory
+    if not hasattr(os, 'sysconf'):  # Windows
+        return None
+    return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')

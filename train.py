@@ -81,7 +81,7 @@ peak_flops = 989e12  # for MFU: bf16 dense peak of one device (H100 SXM)
 seed = 1337  # for the initial weights
 # -----------------------------------------------------------------------------
 # The ranges of the keys that the model does not check itself (GPTConfig checks its own).
-config, given, autocast = configure(globals(), {
+KEY_KINDS = {  # upper case: not a key itself
     'positive': ['eval_interval', 'eval_iters', 'log_interval', 'mc_examples', 'batch_size',
                  'gradient_accumulation_steps', 'learning_rate', 'max_iters', 'peak_flops'],
     'non-negative': ['mc_interval', 'router_lr', 'weight_decay', 'grad_clip', 'warmup_iters',
@@ -92,9 +92,11 @@ config, given, autocast = configure(globals(), {
     'device': ['device'],
     ('scratch', 'resume'): ['init_from'],
     ('bfloat16', 'float32'): ['dtype'],
-})
-# With --init_from=resume: the saved run's model and settings, not today's defaults (else None).
-model, checkpoint = bookkeeping.resume_settings(config, given)
+}
+config, given, autocast = configure(globals(), KEY_KINDS)
+# With --init_from=resume: the saved run's model and settings (checked as a --key=value is), not
+# today's defaults; (None, None) for a new run.
+model, checkpoint = bookkeeping.resume_settings(config, given, KEY_KINDS)
 globals().update(config)
 
 if model is None:

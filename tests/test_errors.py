@@ -92,6 +92,7 @@ def root(tmp_path_factory):
                          ('badopt', lambda c: c.update(optimizer={'state': {}, 'param_groups': []})),
                          ('badrng', lambda c: c.update(rng={'cpu': torch.zeros(3)})),
                          ('baddata', lambda c: c['data'].pop('pos')),
+                         ('zerointerval', lambda c: c['config'].update(eval_interval=0)),
                          ('badsetting', lambda c: c['config'].update(learning_rate='3e-3'))]:
         copy = {**checkpoint, **{k: dict(checkpoint[k])
                                  for k in ('model', 'model_args', 'data', 'config')}}
@@ -252,6 +253,8 @@ CASES = [
          '--device=cpu', "log.txt is not train.py's log"),
     *[case(f'resume-{name}-edited-by-hand', 'train.py', f'--out_dir={{files}}/{name} --init_from=resume '
            '--device=cpu', 'cannot resume from') for name in ('badopt', 'badrng', 'baddata')],
+    case('resume-saved-setting-out-of-range', 'train.py', '--out_dir={files}/zerointerval '
+         '--init_from=resume --device=cpu', "ckpt.pt: its saved eval_interval must be > 0, got 0"),
     case('resume-another-lime', 'train.py', '--out_dir={files}/newer --init_from=resume '
          '--device=cpu', "does not load into this lime.py: GPTConfig.__init__() got an "
          "unexpected keyword argument 'n_experts'"),
