@@ -55,10 +55,12 @@ else:
     decode = enc.decode
 if not start_ids:
     fail("the prompt is empty: give some text with --start (the default starts a new document)")
-# The samples' KV cache (keys and values of every layer, block_size long), and their tokens
+# Each sample holds a KV cache (keys and values of every layer, block_size long) and its tokens:
+# more samples than the device's memory holds are refused now, in one line.
 cfg = model.config
-cache = 2 * cfg.n_layer * cfg.n_kv_head * cfg.block_size * (cfg.n_embd // cfg.n_head) * 4
-check_memory(num_samples * (cache + 8 * len(start_ids)), device,
+cache_bytes = 2 * cfg.n_layer * cfg.n_kv_head * cfg.block_size * (cfg.n_embd // cfg.n_head)
+cache_bytes *= 2 if dtype == 'bfloat16' else 4
+check_memory(num_samples * (cache_bytes + 8 * len(start_ids)), device,
              f"--num_samples={num_samples}: their KV caches")
 idx = torch.tensor([start_ids] * num_samples, dtype=torch.long, device=device)  # (num_samples, T)
 

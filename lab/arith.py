@@ -236,9 +236,12 @@ def read_task(data_dir):
         fail(f"the checkpoint's data_dir {data_dir} is not there: evaluation reads its task.json "
              "and shards")
     task = read_json(path, 'task file', "the checkpoint was not trained on `python -m lab.arith --mode=prepare` data")
-    kinds = {'seed': int, 'modulus': int, 'min_ops': int, 'max_ops': int, 'cot': bool}  # as main() checks them
-    if not isinstance(task, dict) or any(type(task.get(key)) is not kind for key, kind in kinds.items()) \
-            or not 2 <= task['modulus'] < 10**14 or not 1 <= task['min_ops'] <= task['max_ops'] <= MOST_OPS:
+    # The same checks as main() makes of the keys that wrote it: an edited file fails here, not later.
+    kinds = {'seed': int, 'modulus': int, 'min_ops': int, 'max_ops': int, 'cot': bool}
+    well_formed = isinstance(task, dict) and all(type(task.get(k)) is t for k, t in kinds.items())
+    if well_formed:
+        well_formed = 2 <= task['modulus'] < 10**14 and 1 <= task['min_ops'] <= task['max_ops'] <= MOST_OPS
+    if not well_formed:
         fail(f"{path} is not the task.json that `python -m lab.arith --mode=prepare` writes")
     return task
 

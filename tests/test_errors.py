@@ -516,3 +516,25 @@ def test_a_malformed_task_json_means_no_bits_per_byte(tmp_path, text):
     (tmp_path / 'task.json').write_text(text)
     counts, why = prepare.token_bytes(18, str(tmp_path))
     assert counts is None and why == f"{tmp_path / 'task.json'} does not give the 18 tokens' characters"
+
+
+@pytest.mark.parametrize('script', sorted(NUMERIC_KEYS))
+def test_the_sweep_covers_every_numeric_key(script):
+    """NUMERIC_KEYS lists each script's int and float keys: a key added to a defaults block
+    without a place in the sweep fails here. The keys: the block's `name = number` lines, those
+    before the script's configure call (what configure reads from the script's globals)."""
+    import ast
+    tree = ast.parse(open(os.path.join(ROOT, script), encoding='utf-8').read())
+    calls = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call)
+             and getattr(node.func, 'id', None) == 'configure']
+    numeric = set()
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and node.lineno < min(calls) and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name) and node.targets[0].id.islower()):
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:  # not a literal: device's default, say
+                continue
+            if type(value) in (int, float):
+                numeric.add(node.targets[0].id)
+    assert numeric == {key for keys in NUMERIC_KEYS[script] for key in keys}
