@@ -79,6 +79,11 @@ class GPTConfig:
                              f"this machine's {have / 2**30:,.1f} GiB: lower n_layer, n_embd, "
                              "mlp_hidden, hyper_connections, vocab_size or block_size")
 
+    @property
+    def padded_vocab(self):
+        """vocab_size rounded up to a multiple of 64, the embedding's rows: shapes GPUs like."""
+        return 64 * ((self.vocab_size + 63) // 64)
+
     def num_floats(self):
         """The numbers the model holds, counted before it exists: its weights (GPT.num_params)
         and RoPE's tables. tests/test_model_more.py holds it to the models it builds."""
@@ -93,7 +98,7 @@ class GPTConfig:
         # Routers read, at layer l, l + 1 sources: 2 + 3 + ... + n_layer of them in all.
         sources = self.n_layer * (self.n_layer + 1) // 2 - 1
         per_source = {'none': 0, 'static': G * G, 'dynamic': (D + 1) * G}[self.router]
-        embedding = 64 * ((self.vocab_size + 63) // 64) * D  # padded (GPT); tied to the head
+        embedding = self.padded_vocab * D  # tied to the output head
         rope = self.block_size * hs  # cos and sin, half a head wide each
         return embedding + self.n_layer * block + sources * per_source + D + rope
 
@@ -337,7 +342,7 @@ class GPT(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
-        padded_vocab = 64 * math.ceil(config.vocab_size / 64)  # matmul shapes GPUs like
+        padded_vocab = config.padded_vocab  # the ids past vocab_size are never predicted
         self.embed = nn.Embedding(padded_vocab, config.n_embd)
         self.blocks = nn.ModuleList(Block(config, l) for l in range(config.n_layer))
         self.final_norm = nn.RMSNorm(config.n_embd, eps=1e-5)

@@ -113,7 +113,7 @@ def measure(model_args, B, name):
     torch._dynamo.reset()  # each router compiles afresh, with nothing cached from the last
     model_config = or_fail(GPTConfig, router=router, hyper_connections=hc, **model_args)
     T = model_args['block_size']  # the step's float32 logits, at the least: B * T * vocabulary
-    check_memory(B * T * 64 * -(-model_config.vocab_size // 64) * 4, device,
+    check_memory(B * T * model_config.padded_vocab * 4, device,
                  f"--batch_size={B}: a step's logits ({B} x {T} tokens x the vocabulary)")
     model = GPT(model_config).to(device)
     optimizer = model.configure_optimizers(0.1, 1e-3, 1e-2, fused=device_type == 'cuda')
