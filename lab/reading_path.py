@@ -85,13 +85,15 @@ def lines_read(name, seen, skip=()):
     """{function or class name: its lines read} of file name, given the functions run."""
     tree = ast.parse(open(os.path.join(ROOT, name), encoding='utf-8').read())
 
+    def first_line(node):  # a decorated function's code starts at its first decorator
+        return min([node.lineno] + [d.lineno for d in node.decorator_list])
+
     def ran(node):
-        return any(file == name and fn == node.name and node.lineno <= line <= node.end_lineno
+        return any(file == name and fn == node.name and first_line(node) <= line <= node.end_lineno
                    for file, line, fn in seen)
 
     def span(node):
-        first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-        return set(range(first, node.end_lineno + 1))
+        return set(range(first_line(node), node.end_lineno + 1))
 
     read = {}
     if name == 'lime.py':  # the model is read from its top: the docstring says what differs
