@@ -337,7 +337,7 @@ def validation_batch(data_dir, batch_size, T, seed):
     if batch_size > places:
         fail(f"--batch_size={batch_size}: more sequences than the {places:,} places in {path} "
              f"that one of {T} tokens can start at")
-    starts = torch.randint(len(tokens) - T + 1, (batch_size,), generator=torch.Generator().manual_seed(seed))
+    starts = torch.randint(places, (batch_size,), generator=torch.Generator().manual_seed(seed))
     return torch.stack([torch.from_numpy(tokens[s:s + T].astype(np.int64)) for s in starts.tolist()])
 
 

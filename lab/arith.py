@@ -81,6 +81,7 @@ OPS = '+-*/'
 PRECEDENCE = {'+': 1, '-': 1, '*': 2, '/': 2}
 MOST_OPS = 100  # the largest max_ops: an example is ~max_ops**2 characters (100 at 6 operators, 30K at 100)
 MOST_EVAL = 100000  # the largest eval_per_ops
+MODULUS_BELOW = 10**14  # the prime test tries every divisor up to the square root: 10**7 of them
 SLACK = 8  # tokens a completion may run past the reference solution before decoding stops
 ASCII_TO_ID = np.full(128, len(VOCAB), dtype=np.uint16)  # len(VOCAB) marks "not in the vocabulary"
 ASCII_TO_ID[[ord(c) for c in VOCAB]] = np.arange(len(VOCAB))
@@ -240,7 +241,7 @@ def read_task(data_dir):
     kinds = {'seed': int, 'modulus': int, 'min_ops': int, 'max_ops': int, 'cot': bool}
     well_formed = isinstance(task, dict) and all(type(task.get(k)) is t for k, t in kinds.items())
     if well_formed:
-        well_formed = 2 <= task['modulus'] < 10**14 and 1 <= task['min_ops'] <= task['max_ops'] <= MOST_OPS
+        well_formed = 2 <= task['modulus'] < MODULUS_BELOW and 1 <= task['min_ops'] <= task['max_ops'] <= MOST_OPS
     if not well_formed:
         fail(f"{path} is not the task.json that `python -m lab.arith --mode=prepare` writes")
     return task
@@ -365,7 +366,7 @@ def main():
         fail(f"need 1 <= min_ops <= max_ops, got {min_ops} and {max_ops}")
     if max_ops > MOST_OPS:
         fail(f"max_ops must be at most {MOST_OPS}, got {max_ops}: a solution's length grows as its square")
-    if modulus >= 10**14:  # the test below tries every divisor up to the square root: 10**7 of them
+    if modulus >= MODULUS_BELOW:
         fail(f"modulus must be below 10**14 (a prime such as 11), got {modulus}")
     if modulus < 2 or any(modulus % d == 0 for d in range(2, int(modulus ** 0.5) + 1)):
         fail(f"modulus must be a prime (so that every nonzero number has an inverse), got {modulus}")
