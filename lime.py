@@ -234,16 +234,17 @@ def top_p_mask(weights, p):
 
 
 # The switch for faster code with the same numbers: None runs the plain PyTorch in this file (the
-# definition); else a module of kernels/ with the same functions: static_mix, dynamic_mix,
-# LayerMemory and cross_entropy.
+# definition); else kernels/memory.py, with the same functions: static_mix, dynamic_mix,
+# LayerMemory (a head-major memory) and cross_entropy.
 mix_kernels = None
 
 
 def use_fused_kernels(fused, device, shape=None):
-    """Set the switch for every model (the scripts' `fused` key): None, the fastest tested code
-    for device (kernels/__init__.py says which); True, the Triton kernels, or a ValueError saying
-    why not; False, the plain PyTorch here. shape, the run's (kv heads, head size, dtype): where
-    the Triton kernels check themselves first. tests/test_fused.py holds each to this file."""
+    """Set the switch for every model (the scripts' `fused` key): None, kernels/memory.py (on a
+    GPU, unless its self-check at the run's shape fails: then, with a note, this file's code);
+    True, kernels/memory.py, or a ValueError saying why not; False, the plain PyTorch here. shape:
+    the run's (kv heads, head size, dtype), for that self-check. tests/test_kernels.py holds
+    kernels/ to this file."""
     global mix_kernels
     mix_kernels = None
     if fused is not False:
@@ -391,7 +392,7 @@ class GPT(nn.Module):
         if cfg.hyper_connections:
             x = x.unsqueeze(2).expand(-1, -1, cfg.hyper_connections, -1)  # (B, T, n, D): copies
         # LIMe's layer memory: each attention layer appends its raw keys/values, in order.
-        # (Triton kernels bring a list of their own, which also holds their gradients' buffer.)
+        # (kernels/memory.py brings a memory of its own: one head-major buffer for all layers.)
         memory = None
         if cfg.router != 'none':
             memory = [] if mix_kernels is None else mix_kernels.LayerMemory(cfg.n_layer)

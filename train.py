@@ -76,7 +76,7 @@ min_lr = 1e-6  # router_lr decays by the same factor
 device = 'cuda' if torch.cuda.is_available() else 'cpu'  # 'cpu', 'cuda' or 'cuda:N'
 dtype = 'bfloat16'  # 'bfloat16' (autocast) or 'float32'; on a CPU the default is float32
 compile = True  # torch.compile the model; on a CPU the default is False
-fused = None  # LIMe's mix: None = the fastest tested (kernels/cpu.py on a CPU), True = Triton
+fused = None  # LIMe's mix: None = kernels/memory.py (checked first on a GPU), False = lime.py's
 peak_flops = 989e12  # for MFU: bf16 dense peak of one device (H100 SXM)
 seed = 1337  # for the initial weights
 # -----------------------------------------------------------------------------
@@ -127,7 +127,7 @@ if device_type == 'cpu':
 # LIMe's mix in lime.py's plain PyTorch, or faster code for the same numbers (kernels/)
 mix_shape = (gptconf.n_kv_head, gptconf.n_embd // gptconf.n_head,
              torch.bfloat16 if dtype == 'bfloat16' else torch.float32)
-mix_kernels = or_fail(use_fused_kernels, fused, device, mix_shape)
+or_fail(use_fused_kernels, fused, device, mix_shape)
 master = rank == 0  # only it logs and writes to out_dir
 log = bookkeeping.say  # print, on rank 0 only
 
@@ -193,10 +193,7 @@ run.claim(model, step)
 raw_model = model  # the model itself: its state dict is what checkpoints hold
 if compile:
     log("compiling the model (a minute or so)...")
-    # The Triton kernels' shared gradient buffer cannot cross a graph break (but DDP's graph
-    # pieces keep none: kernels/fused.py's gradient_buffer).
-    one_graph = getattr(mix_kernels, 'NEEDS_ONE_GRAPH', False) and not ddp
-    model = torch.compile(model, fullgraph=one_graph)
+    model = torch.compile(model)
 if ddp:  # the model's only buffers are constants (RoPE tables): DDP need not broadcast them
     local = [int(os.environ['LOCAL_RANK'])] if device_type == 'cuda' else None
     model = DDP(model, device_ids=local, broadcast_buffers=False)

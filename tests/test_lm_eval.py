@@ -299,7 +299,7 @@ def test_the_fused_switch_and_the_registration(setup):
         harness.LimeLM(out_dir=str(setup / 'run'), device='cpu', fused=False)
         assert lime.mix_kernels is None  # the plain PyTorch
         harness.LimeLM(out_dir=str(setup / 'run'), device='cpu', fused=None)
-        assert lime.mix_kernels.__name__ == 'kernels.cpu'  # a CPU's default
+        assert lime.mix_kernels.__name__ == 'kernels.memory'  # the default
     finally:
         lime.use_fused_kernels(None, 'cpu')
     # Registered by path: the harness's own models stay known, and 'lime' is lab.harness's class
