@@ -8,7 +8,7 @@ static mix is then a batch of B*T*2 tiny (G x S*G) @ (S*G x hs) products, and to
 the whole memory at every layer. Here, as in the LIMe authors' code, the memory is one buffer
 with a row per (layer, kv head) and a column per (batch*time, key or value, channel):
 
-    memory (L, G, B*T, 2, hs)    viewed as a matrix (L*G, N'),  N' = B*T*2*hs
+    memory (L, G, B, T, 2, hs)    viewed as a matrix (L*G, N'),  N' = B*T*2*hs
 
 Each layer copies its raw keys/values into its rows once, and its mix reads the rows of layers
 0..l in place:
@@ -61,7 +61,7 @@ class LayerMemory:
         self.shared = shared
         self.sources = []  # the appended tensors, layer by layer (None once written, mostly)
         self.written = 0  # how many of them are in `memory` already
-        self.memory = None  # (L, G, B*T, 2, hs)
+        self.memory = None  # (L, G, B, T, 2, hs)
         self.weights = None  # every layer's R (static) or probabilities (dynamic), or None
         self.grads = None  # the output gradients of layers 1..L-1, or None
 
@@ -97,7 +97,7 @@ class LayerMemory:
             return
         B, T, _, G, hs = self.sources[0].shape
         L = self.n_layer
-        memory = (L, G, B * T, 2, hs)
+        memory = (L, G, B, T, 2, hs)
         if self.shared and torch.is_grad_enabled() and not distributed():
             # static: layer l's R in rows (l-1)*G..l*G - 1 and its S*G first columns;
             # dynamic: layer l's probabilities (G*B*T, S) side by side (packed_columns)
@@ -114,15 +114,13 @@ def distributed():
 
 
 def head_major(kv):
-    """(B, T, 2, G, hs) -> (G, B*T, 2, hs): a source's rows of the memory (a view)."""
-    B, T, _, G, hs = kv.shape
-    return kv.view(B * T, 2, G, hs).permute(2, 0, 1, 3)
+    """(B, T, 2, G, hs) -> (G, B, T, 2, hs): a source's rows of the memory (a view)."""
+    return kv.permute(3, 0, 1, 2, 4)
 
 
-def token_major(rows, like):
-    """(G, B*T, 2, hs) -> (B, T, 2, G, hs), the shape of `like` (a view)."""
-    B, T, _, G, hs = like.shape
-    return rows.view(G, B, T, 2, hs).permute(1, 2, 3, 0, 4)
+def token_major(rows):
+    """(G, B, T, 2, hs) -> (B, T, 2, G, hs), the sources' layout (a view)."""
+    return rows.permute(1, 2, 3, 0, 4)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -157,7 +155,7 @@ def write(buffer, index, value):
 
 
 def gradient_rows(grads, memory):
-    """The output gradients of layers 1..L-1 (layer 0 has no mix): (L - 1, G, B*T, 2, hs), made
+    """The output gradients of layers 1..L-1 (layer 0 has no mix): (L - 1, G, B, T, 2, hs), made
     by the first backward pass through the mixes (the last layer's), not at the forward pass, so
     that they do not wait in memory meanwhile."""
     if grads.numel() == 0:
@@ -183,7 +181,6 @@ def save(ctx, inputs, keep_weights):
     # not count as changes to what was saved.
     ctx.save_for_backward(mix_weights if keep_weights else None, memory, weights, grads)
     ctx.first, ctx.S = first, first + len(sources)
-    ctx.source_shape = sources[0].shape
 
 
 def static_setup(ctx, inputs, output):
@@ -197,12 +194,11 @@ def dynamic_setup(ctx, inputs, output):
 
 def backward_with(backward_op):
     """The backward of a mix, by its backward op: the router weights' gradient and the owned
-    sources', reshaped as the sources."""
+    sources'."""
     def backward(ctx, dout):
         mix_weights, memory, weights, grads = ctx.saved_tensors
         dweights, *dsources = backward_op(dout, mix_weights, memory, weights, grads, ctx.first,
                                           ctx.S)
-        dsources = [d.view(ctx.source_shape) for d in dsources]
         return dweights, dsources, None, None, None, None, None
     return backward
 
@@ -215,7 +211,7 @@ def backward_with(backward_op):
 def static_mix_op(R: torch.Tensor, sources: list[torch.Tensor], memory: torch.Tensor,
                   weights: Optional[torch.Tensor], grads: Optional[torch.Tensor], first: int,
                   written: int) -> torch.Tensor:
-    """Layer S-1's mix (S = first + len(sources)), (G, B*T, 2, hs), after writing the sources
+    """Layer S-1's mix (S = first + len(sources)), (G, B, T, 2, hs), after writing the sources
     not yet in the memory, and R into `weights`. grads: for the backward pass only."""
     S = first + len(sources)
     G = memory.shape[1]
@@ -234,7 +230,7 @@ def _(R, sources, memory, weights, grads, first, written):
 def static_mix_backward(dout: torch.Tensor, R: torch.Tensor, memory: torch.Tensor,
                         weights: Optional[torch.Tensor], grads: Optional[torch.Tensor],
                         first: int, S: int) -> list[torch.Tensor]:
-    """[R's gradient, then the gradients of sources first..S-1 as (B*T, 2, G, hs)]."""
+    """[R's gradient, then the gradients of sources first..S-1, (B, T, 2, G, hs) each]."""
     L, G = memory.shape[:2]
     if grads is None:  # a memory of its own: R^T @ dout is every source's share, and all of it
         dout = dout.contiguous().view(G, -1)
@@ -270,7 +266,7 @@ def static_mix(R, memory):
     buffers = memory.memory, memory.weights, memory.grads
     out = static_mix_op(R.to(memory.memory.dtype), sources, *buffers, first, memory.written)
     memory.mark_written()
-    return token_major(out, sources[0])
+    return token_major(out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -284,10 +280,10 @@ def per_row(probs):
 
 
 def token_rows(rows, S):
-    """rows[:S] (S, G, B*T, 2, hs) as (G*B*T, S, 2*hs): each (head, token)'s S sources, a view
+    """rows[:S] (S, G, B, T, 2, hs) as (G*B*T, S, 2*hs): each (head, token)'s S sources, a view
     (the batched product reads them through strides, as fast as a copy would be)."""
-    L, G, BT, _, hs = rows.shape
-    return rows[:S].view(S, G * BT, 2 * hs).transpose(0, 1)
+    L, G, B, T, _, hs = rows.shape
+    return rows[:S].view(S, G * B * T, 2 * hs).transpose(0, 1)
 
 
 def packed_columns(L):
@@ -304,7 +300,7 @@ def first_column(layer):
 def dynamic_mix_op(p: torch.Tensor, sources: list[torch.Tensor], memory: torch.Tensor,
                    weights: Optional[torch.Tensor], grads: Optional[torch.Tensor], first: int,
                    written: int) -> torch.Tensor:
-    """Layer S-1's mix, (G, B*T, 2, hs), of each (head, token)'s sources by its probabilities p
+    """Layer S-1's mix, (G, B, T, 2, hs), of each (head, token)'s sources by its probabilities p
     (G*B*T, S), after writing the sources not yet in the memory, and p into `weights`."""
     S = first + len(sources)
     write_sources(sources, memory, first, written)
@@ -324,13 +320,14 @@ def _(p, sources, memory, weights, grads, first, written):
 def dynamic_mix_backward(dout: torch.Tensor, p: Optional[torch.Tensor], memory: torch.Tensor,
                          weights: Optional[torch.Tensor], grads: Optional[torch.Tensor],
                          first: int, S: int) -> list[torch.Tensor]:
-    """[p's gradient (G*B*T, S), then the gradients of sources first..S-1 as (B*T, 2, G, hs)].
+    """[p's gradient (G*B*T, S), then the gradients of sources first..S-1, (B, T, 2, G, hs) each].
     p: only without shared gradient rows (with them, `weights` holds it)."""
-    L, G, BT, _, hs = memory.shape
+    L, G, B, T, _, hs = memory.shape
+    BT = B * T
     if grads is None:  # a memory of its own: each source's share is its probability times dout
         dout = dout.contiguous().view(G * BT, 1, 2 * hs)
         shares = torch.bmm(p.unsqueeze(2), dout)  # (G*B*T, S, 2*hs)
-        shares = [shares[:, m].view(G, BT, 2, hs) for m in range(S)]
+        shares = [shares[:, m].view(memory.shape[1:]) for m in range(S)]
     else:
         grads = gradient_rows(grads, memory)
         write(grads, S - 2, dout)  # this layer's rows of the output gradients
@@ -341,7 +338,7 @@ def dynamic_mix_backward(dout: torch.Tensor, p: Optional[torch.Tensor], memory: 
             # their probabilities for source m, side by side, as the batched product wants them
             pm = weights.index_select(1, first_column(readers) + m).unsqueeze(1)  # (G*B*T, 1, n)
             rows = token_rows(grads[max(m, 1) - 1:], L - max(m, 1))  # (G*B*T, n, 2*hs)
-            shares.append(torch.bmm(pm, rows).view(G, BT, 2, hs))
+            shares.append(torch.bmm(pm, rows).view(memory.shape[1:]))
     # each probability's gradient: its source's row . dout, for every (head, token)
     dp = torch.bmm(token_rows(memory, S), dout.transpose(1, 2))  # (G*B*T, S, 1)
     return [dp.view(G * BT, S)] + [token_major_copy(share) for share in shares[first - S:]]
@@ -349,8 +346,8 @@ def dynamic_mix_backward(dout: torch.Tensor, p: Optional[torch.Tensor], memory: 
 
 @dynamic_mix_backward.register_fake
 def _(dout, p, memory, weights, grads, first, S):
-    L, G, BT, _, hs = memory.shape
-    return [memory.new_empty(G * BT, S)] + [token_major_fake(memory) for _ in range(S - first)]
+    L, G, B, T, _, hs = memory.shape
+    return [memory.new_empty(G * B * T, S)] + [token_major_fake(memory) for _ in range(S - first)]
 
 
 dynamic_mix_op.register_autograd(backward_with(dynamic_mix_backward), setup_context=dynamic_setup)
@@ -365,7 +362,7 @@ def dynamic_mix(probs, memory):
     p = per_row(probs.to(memory.memory.dtype))  # (G*B*T, S), a copy that autograd sees
     out = dynamic_mix_op(p, sources, *buffers, first, memory.written)
     memory.mark_written()
-    return token_major(out, sources[0])
+    return token_major(out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -384,14 +381,14 @@ def as_layer_memory(memory, router):
 
 
 def token_major_copy(rows):
-    """A source's gradient rows (G, B*T, 2, hs) in the source's own layout (B*T, 2, G, hs), as
+    """A source's gradient rows (G, B, T, 2, hs) in the source's own layout (B, T, 2, G, hs), as
     its projection's backward wants it: a copy always (an op's outputs must not share memory)."""
-    return rows.permute(1, 2, 0, 3).clone(memory_format=torch.contiguous_format)
+    return token_major(rows).clone(memory_format=torch.contiguous_format)
 
 
 def token_major_fake(memory):
-    L, G, BT, _, hs = memory.shape
-    return memory.new_empty(BT, 2, G, hs)
+    L, G, B, T, _, hs = memory.shape
+    return memory.new_empty(B, T, 2, G, hs)
 
 
 # ---------------------------------------------------------------------------------------------
