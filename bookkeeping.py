@@ -321,28 +321,36 @@ class RunDir:
 
 class Interrupts:
     """Ctrl-C (SIGINT), and SIGTERM: what a cluster's scheduler sends a job some time before it
-    kills it (SLURM at a time limit or to preempt it). The first is noted in `signal`, so that
-    train.py finishes its step, saves a checkpoint and stops (RunDir.stop); a second stops the run
-    at once, the last checkpoint kept whole. Under torchrun each process gets a signal twice, from
-    the terminal or the scheduler and from torchrun, which forwards it: there a second is ignored
-    (torchrun kills the processes itself 30 s after its own)."""
+    kills it (SLURM at a time limit or to preempt it). Before the training loop, when there is
+    nothing to save, one stops the run at once. From the loop on (after save_first) the first is
+    noted in `signal`, so that train.py finishes its step, saves a checkpoint and stops
+    (RunDir.stop); a second stops the run at once, the last checkpoint kept whole. Under torchrun
+    each process gets a signal twice, from the terminal or the scheduler and from torchrun, which
+    forwards it: there a second is ignored (torchrun kills the processes 30 s after its own)."""
 
-    def __init__(self, run, ddp):
-        self.run = run
+    def __init__(self, ddp):
         self.ddp = ddp
-        self.signal = 0  # the number of the first signal; 0 while none has come
-        self.stopping = False  # a second has come: the run is stopping now
+        self.run = None  # the RunDir whose checkpoint a first signal saves, from the loop on
+        self.signal = 0  # the number of that first signal; 0 while none has come
+        self.stopping = False  # the run is stopping at once
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, self.note)
 
+    def save_first(self, run):
+        """From here a first signal lets the step in flight finish and run save a checkpoint."""
+        self.run = run
+
     def note(self, signum, frame):
-        if not self.signal:
+        if self.run is not None and not self.signal:
             self.signal = signum
-        elif not self.ddp and not self.stopping:
+        elif not self.stopping and not (self.ddp and self.signal):
             self.stopping = True
             name = signal.Signals(signum).name
-            # os.write, not print: a signal can come in the middle of a print
-            os.write(2, f"stopped at once by a second {name}: {self.run.kept()}\n".encode())
+            if self.run is None:
+                line = f"stopped by {name} before the first step: nothing to save"
+            else:
+                line = f"stopped at once by a second {name}: {self.run.kept()}"
+            os.write(2, f"{line}\n".encode())  # not print: a signal can come in the middle of one
             raise SystemExit(128 + signum)  # a write under way removes its temporary file
 
 

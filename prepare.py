@@ -459,10 +459,17 @@ def tokenize_bytes(text):
     return np.array([BYTES_DOC] + list(text.encode("utf-8")), dtype=np.uint16), replaced
 
 
-def quiet_worker():
-    """Each tokenizer process leaves Ctrl-C to the main one, which stops them all: else every one
-    of them prints a traceback."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def tokenizer_pool(workers):
+    """A pool of tokenizer processes made with Ctrl-C ignored, left to this process (which stops
+    them all; else each prints a traceback), and SIGTERM at its default, so that they end at once
+    when the pool stops them, whatever handlers this process has (train.py's)."""
+    own_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    own_term = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        return Pool(workers)  # forked now: each process keeps the two settings above
+    finally:
+        signal.signal(signal.SIGINT, own_int)
+        signal.signal(signal.SIGTERM, own_term)
 
 
 def decode_bytes(ids):
@@ -502,7 +509,7 @@ def prepare(documents, out_dir, prefix, args):
     buf, fill = np.empty(args.shard_size, dtype=np.uint16), 0  # the training shard being filled
     n_docs = n_val = n_train = n_train_shards = n_replaced = 0
     # imap keeps documents in order, so a run is reproducible; chunks amortize inter-process traffic
-    with Pool(args.workers, initializer=quiet_worker) as pool, \
+    with tokenizer_pool(args.workers) as pool, \
             tqdm(total=args.max_tokens, unit="tok", unit_scale=True) as bar:
         for tokens, replaced in pool.imap(encode, documents, chunksize=16):
             bar.update(len(tokens))

@@ -111,6 +111,9 @@ config['lr_decay_iters'] = lr_decay_iters  # saved with the run: a resume keeps 
 # -----------------------------------------------------------------------------
 # setup: one process, or one per GPU under torchrun
 ddp = int(os.environ.get('RANK', -1)) != -1
+# Ctrl-C, or SIGTERM (what a cluster's scheduler sends a job before it kills it): one line and the
+# exit code a shell expects (130, 143), never a traceback; from the training loop on, with a save.
+interrupts = bookkeeping.Interrupts(ddp)
 device_type = 'cuda' if device.startswith('cuda') else 'cpu'
 rank = 0
 world_size = 1
@@ -217,7 +220,7 @@ def lr_factor(it):
 
 def stop_signal():
     """The signal to stop at this step (SIGINT for Ctrl-C, SIGTERM), 0 while none has come: under
-    DDP the one any process got, so that all stop at the same step."""
+    DDP the one any process got (one all_reduce of a number a step), so that all stop together."""
     if not ddp:
         return interrupts.signal
     signum = torch.tensor(interrupts.signal, device=device)
@@ -263,9 +266,9 @@ def evaluate():
 # -----------------------------------------------------------------------------
 # training loop
 start_step = step
-# From here Ctrl-C or SIGTERM (a cluster's scheduler sends it before it kills a job) stops the run
-# after the step in flight, with a checkpoint; a second Ctrl-C stops it at once.
-interrupts = bookkeeping.Interrupts(run, ddp)
+# From here Ctrl-C or SIGTERM stops the run after the step in flight, with a checkpoint; a second
+# Ctrl-C stops it at once.
+interrupts.save_first(run)
 window_start = time.time()  # steps are timed over the window since the last log line
 window_steps = 0
 while True:

@@ -55,8 +55,8 @@ import torch
 from configurator import configure, fail, or_fail
 from lab import read_json
 from lime import load_model
-from prepare import (MARKER, holds_finished_set, lock, read_shard, shard_path, shard_paths,
-                     write_json, write_shard, writing_data_set)
+from prepare import (MARKER, check_finished, holds_finished_set, lock, read_shard, shard_path,
+                     shard_paths, write_json, write_shard, writing_data_set)
 
 # -----------------------------------------------------------------------------
 mode = 'prepare'  # 'prepare': write the data set; 'eval': score a checkpoint
@@ -245,6 +245,7 @@ def read_task(data_dir):
     if not os.path.isdir(data_dir):
         fail(f"the checkpoint's data_dir {data_dir} is not there: evaluation reads its task.json "
              "and shards")
+    or_fail(check_finished, data_dir)  # a set still being written has no task.json yet: say that
     task = read_json(path, 'task file', "the checkpoint was not trained on `python -m lab.arith --mode=prepare` data")
     # The same checks as main() makes of the keys that wrote it: an edited file fails here, not later.
     kinds = {'seed': int, 'modulus': int, 'min_ops': int, 'max_ops': int, 'cot': bool}
