@@ -59,6 +59,9 @@ def resume_settings(config, given, kinds):
     values as a --key=value is."""
     if config['init_from'] != 'resume':
         return None, None
+    if config['overwrite']:
+        fail("--overwrite=True replaces the run in out_dir, --init_from=resume continues it: give "
+             "one of them")
     path = os.path.join(config['out_dir'], 'ckpt.pt')
     # To the CPU: train.py moves the model to its device (under torchrun, known only later).
     model, checkpoint = or_fail(load_checkpoint, path, 'cpu', CHECKPOINT_KEYS)

@@ -264,6 +264,9 @@ CASES = [
     case('resume-with-a-new-seed', 'train.py', '--out_dir={run} --init_from=resume --device=cpu '
          '--max_iters=4 --seed=7', "--seed=7 has no use on this resume: the weights and the random "
          "state are the checkpoint's"),
+    case('resume-and-overwrite', 'train.py', '--out_dir={run} --init_from=resume --device=cpu '
+         '--max_iters=4 --overwrite=True', '--overwrite=True replaces the run in out_dir, '
+         '--init_from=resume continues it'),
     case('resume-with-a-wandb-project-but-no-wandb', 'train.py', '--out_dir={run} --init_from=resume '
          '--device=cpu --max_iters=4 --wandb_project=other',
          "--wandb_project='other' has no use on this resume: wandb_log is False"),
