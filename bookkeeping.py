@@ -353,7 +353,8 @@ class Interrupts:
                 line = f"stopped by {name} before the first step: nothing to save"
             else:
                 line = f"stopped at once by a second {name}: {self.run.kept()}"
-            os.write(2, f"{line}\n".encode())  # not print: a signal can come in the middle of one
+            if os.environ.get('RANK', '0') in ('', '0'):  # under torchrun, rank 0 only
+                os.write(2, f"{line}\n".encode())  # not print: this may be in the middle of one
             raise SystemExit(128 + signum)  # a write under way removes its temporary file
 
 
