@@ -38,9 +38,10 @@ def configure(namespace, kinds, argv=None):
     namespace (the script's globals()) changed by argv (config files, --key=value; --help lists
     them), each checked against kinds, {kind: [keys]} (a key with no kind: only that a float is
     finite). A CPU defaults to float32 and no compile (no fast bf16 matmuls; compiling rarely
-    pays)."""
+    pays). From here Ctrl-C ends the script in one line (interrupted)."""
     config = {k: v for k, v in namespace.items() if k.islower() and not k.startswith('_')
               and (type(v) in (int, float, bool, str) or k == 'fused')}  # fused=None: automatic
+    sys.excepthook = interrupted
     argv = sys.argv[1:] if argv is None else argv
     if '-h' in argv or '--help' in argv:
         print_help(config)
@@ -113,11 +114,24 @@ def check_memory(nbytes, device, what):
 
 
 def or_fail(call, *args, **kwargs):
-    """call(*args, **kwargs), a ValueError (lime.py's and prepare.py's checks) made fail's line."""
+    """call(*args, **kwargs), a ValueError (lime.py's and prepare.py's checks) or an OSError (a
+    file that cannot be read or written: the OS says why) made fail's line."""
     try:
         return call(*args, **kwargs)
     except ValueError as e:
         fail(str(e))
+    except OSError as e:
+        fail(f"{e.filename}: {e.strerror}" if e.filename else str(e))
+
+
+def interrupted(kind, error, traceback):
+    """sys.excepthook, from configure on: Ctrl-C (a KeyboardInterrupt) ends a script with one line,
+    not a traceback; on the way out, a file being written has removed its temporary. Python then
+    exits as Ctrl-C does (130 in a shell)."""
+    if not issubclass(kind, KeyboardInterrupt):
+        return sys.__excepthook__(kind, error, traceback)
+    if os.environ.get('RANK', '0') in ('', '0'):  # under torchrun, the first process only
+        print(f"interrupted: {os.path.basename(sys.argv[0])} stopped", file=sys.stderr)
 
 
 def read_config_file(path, config):

@@ -484,19 +484,10 @@ class GPT(nn.Module):
 # -----------------------------------------------------------------------------
 # Checkpoints, written and read here only: a dict of the weights ('model') and the GPTConfig
 # ('model_args'), beside what train.py keeps to resume ('optimizer', 'step', ...).
-def save_checkpoint(path, model, **state):
-    """Save model's weights and config, and state, atomically: a kill mid-write keeps the old."""
-    tmp = f"{path}.{os.getpid()}.tmp"  # written whole, then renamed; this process's own name
-    try:
-        with open(tmp, 'wb') as f:
-            torch.save(dict(state, model=model.state_dict(), model_args=asdict(model.config)), f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:  # a full disk, say, or Ctrl-C: no half-written file is left behind
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+def save_checkpoint(f, model, **state):
+    """Save model's weights and config, and state, to f: a path, or a file open for writing
+    (bookkeeping.RunDir.save gives one that becomes ckpt.pt only when whole)."""
+    torch.save(dict(state, model=model.state_dict(), model_args=asdict(model.config)), f)
 
 
 def load_checkpoint(path, device, keys=('step', 'best_val_loss')):
@@ -508,6 +499,8 @@ def load_checkpoint(path, device, keys=('step', 'best_val_loss')):
             if (damaged := archive.testzip()) is not None:
                 raise ValueError(f"{damaged} fails its checksum")
         checkpoint = torch.load(path, map_location=device)
+    except OSError as e:  # unreadable (no permission), or gone since the check above
+        raise ValueError(f"could not read checkpoint {path}: {e.strerror or e}") from None
     except Exception as e:
         raise ValueError(f"could not read checkpoint {path} (damaged, or not saved by train.py): "
                          f"{last_line(e)}") from None

@@ -22,6 +22,13 @@ token count) followed by the tokens as little-endian uint16. Shard 0 holds valid
 `{prefix}_train_000002.bin`, ... As format and naming match, pre-tokenized GPT-2 FineWeb-Edu shards
 can be dropped into a directory and used with train.py --data_dir as they are. The other scripts
 find and read shards with shard_paths() and read_shard() from here, the format's one home.
+
+A data set is whole or absent: prepare.py writes it under a lock on out_dir (a second writer is
+refused), each file under a name of its own until it is whole, and its dataset.json says
+"finished" only after the last shard. The other scripts read a set once it is finished, and refuse
+one being written or left unfinished (a directory without dataset.json, of shards put there by hand
+or by an older prepare.py, is read as it is). If prepare.py fails or is stopped (Ctrl-C), it removes
+what it wrote.
 """
 import argparse
 import glob
@@ -29,13 +36,20 @@ import gzip
 import itertools
 import json
 import os
+import signal
 import sys
 import zlib
+from contextlib import contextmanager
 from multiprocessing import Pool
 
 import numpy as np
 import tiktoken
 from tqdm import tqdm
+
+try:
+    import fcntl  # POSIX file locks
+except ImportError:  # Windows: none (keep to one writer per directory by hand)
+    fcntl = None
 
 MAGIC, VERSION = 20240520, 1  # identify the llm.c / modded-nanogpt shard format
 HEADER_INTS = 256
@@ -58,18 +72,11 @@ def write_shard(path, tokens):
         raise ValueError(f"{path}: token ids must lie in [0, 65536) to be stored as uint16")
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:3] = MAGIC, VERSION, len(tokens)
-    tmp = f"{path}.tmp"  # same directory, so the rename below stays within one filesystem
-    try:
-        with open(tmp, "wb") as f:
-            f.write(header.tobytes())
-            f.write(tokens.astype("<u2").tobytes())
-            f.flush()
-            os.fsync(f.fileno())  # the bytes must be on disk before the rename makes them visible
-        os.replace(tmp, path)  # atomic: readers see no file, or the old one, or the whole new one
-    except BaseException:  # Ctrl-C included: a half-written .tmp is useless to anyone
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+
+    def write(f):
+        f.write(header.tobytes())
+        f.write(tokens.astype("<u2").tobytes())
+    write_atomically(path, write)
 
 
 def read_shard(path, vocab_size=None):
@@ -78,20 +85,24 @@ def read_shard(path, vocab_size=None):
     holds an id the model has no embedding for (that check reads the shard whole)."""
     if not os.path.isfile(path):  # a directory of that name, say: open() would be a traceback
         raise ValueError(f"{path}: not a file, so not a token shard")
-    size = os.path.getsize(path)
-    if size < HEADER_BYTES:
-        raise ValueError(f"{path}: {size} bytes is too short to hold the {HEADER_BYTES}-byte "
-                         "shard header")
-    magic, version, n = (int(x) for x in np.fromfile(path, dtype="<i4", count=3))
-    if magic != MAGIC:
-        raise ValueError(f"{path}: bad magic number {magic} (expected {MAGIC}): not a token shard")
-    if version != VERSION:
-        raise ValueError(f"{path}: unsupported shard version {version} (expected {VERSION})")
-    held = (size - HEADER_BYTES) // 2
-    if size != HEADER_BYTES + 2 * n:
-        problem = "truncated" if held < n else "size mismatch"
-        raise ValueError(f"{path}: {problem}: header says {n} tokens, file holds {held}")
-    tokens = np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(n,))
+    try:  # unreadable (no permission), or gone since the check above: the OS says which
+        size = os.path.getsize(path)
+        if size < HEADER_BYTES:
+            raise ValueError(f"{path}: {size} bytes is too short to hold the {HEADER_BYTES}-byte "
+                             "shard header")
+        magic, version, n = (int(x) for x in np.fromfile(path, dtype="<i4", count=3))
+        if magic != MAGIC:
+            raise ValueError(f"{path}: bad magic number {magic} (expected {MAGIC}): not a token "
+                             "shard")
+        if version != VERSION:
+            raise ValueError(f"{path}: unsupported shard version {version} (expected {VERSION})")
+        held = (size - HEADER_BYTES) // 2
+        if size != HEADER_BYTES + 2 * n:
+            problem = "truncated" if held < n else "size mismatch"
+            raise ValueError(f"{path}: {problem}: header says {n} tokens, file holds {held}")
+        tokens = np.memmap(path, dtype="<u2", mode="r", offset=HEADER_BYTES, shape=(n,))
+    except OSError as e:
+        raise ValueError(f"{path}: could not read it ({e.strerror})") from None
     if vocab_size is not None and n and (top := int(tokens.max())) >= vocab_size:
         raise ValueError(f"{path} holds token id {top}, but vocab_size is {vocab_size}")
     return tokens
@@ -104,11 +115,12 @@ def shard_path(out_dir, prefix, split, index):
 
 def shard_paths(data_dir, split):
     """The paths of data_dir's shards of split ('train' or 'val'), in order. Raises ValueError,
-    saying how to make some, if there are none."""
+    saying why, if there are none or data_dir holds a set still being written (check_finished)."""
     if not os.path.isdir(data_dir):
         raise ValueError(f"data_dir not found: {data_dir} (prepare.py writes shards: `--source "
                          "fineweb` for data/fineweb_edu; to start small, `--tokenizer=bytes` for "
                          "config/cpu_demo.py)")
+    check_finished(data_dir)
     paths = sorted(glob.glob(os.path.join(data_dir, f"*_{split}_*.bin")))
     if not paths:
         raise ValueError(f"no *_{split}_*.bin shards in {data_dir}/: write some with prepare.py, "
@@ -189,6 +201,130 @@ class Batches:
         buf = self.tokens[start:start + self.B * self.T + 1].astype(np.int64)
         self.pos += self.span
         return buf[:-1].reshape(self.B, self.T), buf[1:].reshape(self.B, self.T)
+
+
+# -----------------------------------------------------------------------------
+# files written whole, and data sets marked finished: a reader never takes half a set for one.
+# prepare.py (and lab/arith.py) write a set under a lock on its directory, between two versions of
+# its dataset.json, {"finished": false} first and {"finished": true, ...} after every shard.
+MARKER = "dataset.json"
+
+
+def write_atomically(path, write):
+    """Write a file whole or not at all: write(f) fills a temporary file of this process's own,
+    which then replaces path in one step. On any failure (a full disk, a file-size limit, Ctrl-C)
+    the temporary goes and path is as it was; an OSError names path."""
+    tmp = f"{path}.{os.getpid()}.tmp"  # same directory: the rename stays within one filesystem
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())  # the bytes must be on disk before the rename makes them visible
+        os.replace(tmp, path)  # atomic: readers see no file, or the old one, or the whole new one
+    except BaseException as e:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        # torch.save reports a failed write as a RuntimeError of its own, the failure its context
+        if isinstance(e, RuntimeError) and isinstance(e.__context__, (OSError, KeyboardInterrupt,
+                                                                      SystemExit)):
+            e = e.__context__
+        if isinstance(e, OSError) and e.errno is not None:  # named by path, not its temporary
+            raise OSError(e.errno, e.strerror, str(path)) from None
+        raise e
+
+
+def write_json(path, value):
+    """value as a JSON file, written whole (write_atomically)."""
+    write_atomically(path, lambda f: f.write((json.dumps(value, indent=1) + "\n").encode("utf-8")))
+
+
+def lock(directory, shared=False, wait=False):
+    """Lock directory, through its file .lock, for as long as the file returned stays open and
+    this process lives: one writer, or (shared) readers. None where another process holds it;
+    without wait this never blocks. A POSIX record lock: unlike flock's, it does not pass to the
+    processes this one forks (prepare.py's tokenizers), which could outlive it. Where the system
+    has no locks (Windows, a network filesystem without them), the file comes back unlocked:
+    keep to one writer at a time by hand there."""
+    f = open(os.path.join(directory, ".lock"), "r" if shared else "a")
+    try:
+        if fcntl is not None:
+            kind = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+            fcntl.lockf(f, kind if wait else kind | fcntl.LOCK_NB)
+    except (BlockingIOError, PermissionError):  # EAGAIN or EACCES: another process holds it
+        f.close()
+        return None
+    except OSError:  # no locks on this filesystem
+        pass
+    return f
+
+
+def being_written(data_dir):
+    """Whether a process holds data_dir's lock to write a data set there now."""
+    try:
+        reader = lock(data_dir, shared=True)
+    except OSError:  # no .lock: no writer has ever locked it
+        return False
+    if reader is None:
+        return True
+    reader.close()
+    return False
+
+
+def data_record(data_dir, name):
+    """The JSON object in data_dir/name (tokenizer.json, dataset.json), or None if there is no such
+    file. Raises ValueError, naming it, if it is not one."""
+    path = os.path.join(data_dir, name)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+    except (ValueError, OSError) as e:
+        raise ValueError(f"{path}: not prepare.py's {name} ({e})") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{path}: not prepare.py's {name} (not a JSON object)")
+    return record
+
+
+def check_finished(data_dir):
+    """Raise ValueError, saying why, if data_dir holds a set that was begun and not finished: one
+    being written now, or one whose writer stopped. A directory without dataset.json holds shards
+    from elsewhere (modded-nanogpt's, or an older prepare.py's): they are read as they are."""
+    marker = data_record(data_dir, MARKER)
+    if marker is None or marker.get("finished") is True:
+        return
+    if being_written(data_dir):
+        raise ValueError(f"{data_dir} is being written now (prepare.py, or train.py preparing it): "
+                         "wait until it has finished")
+    raise ValueError(f"{data_dir} holds an unfinished data set (its writer stopped before the "
+                     "end): prepare it again")
+
+
+def holds_finished_set(data_dir, last):
+    """Whether data_dir holds a finished data set: its dataset.json says so, or, with none (a set
+    of an older version), the file that version wrote last is there (path `last`)."""
+    marker = data_record(data_dir, MARKER)
+    if marker is not None:
+        return marker.get("finished") is True
+    return os.path.exists(last)
+
+
+@contextmanager
+def writing_data_set(out_dir):
+    """Around the writing of a data set into out_dir, which this process has locked: dataset.json
+    says "unfinished" until the end, then "finished" with the summary (a dict yielded to fill).
+    On any failure (a full disk, Ctrl-C) every file written meanwhile goes instead, and only
+    those: the set is whole or absent."""
+    before = set(os.listdir(out_dir))
+    summary = {}
+    try:
+        write_json(os.path.join(out_dir, MARKER), {"finished": False})
+        yield summary
+        write_json(os.path.join(out_dir, MARKER), {"finished": True, **summary})
+    except BaseException:
+        for name in set(os.listdir(out_dir)) - before:
+            os.remove(os.path.join(out_dir, name))
+        raise
 
 
 # -----------------------------------------------------------------------------
@@ -298,15 +434,42 @@ def gpt2_encoding():
                          "directory holding its cached files")
 
 
+def valid_unicode(text):
+    """(text, the number of lone surrogates it held), each now U+FFFD, as tiktoken makes them: JSON
+    can escape half of a UTF-16 pair ("\\ud800"), which is no character and has no UTF-8 bytes."""
+    try:
+        text.encode("utf-8")
+        return text, 0
+    except UnicodeEncodeError:
+        fixed = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        return fixed, fixed.count("\ufffd") - text.count("\ufffd")
+
+
 def tokenize(text):
-    """<|endoftext|> then the document's GPT-2 tokens. Runs in the pool's worker processes."""
+    """(<|endoftext|> then the document's GPT-2 tokens, the lone surrogates replaced in it). Runs
+    in the pool's worker processes."""
     enc = tiktoken.get_encoding("gpt2")  # tiktoken caches it: each worker loads the BPE only once
-    return np.array([EOT] + enc.encode_ordinary(text), dtype=np.uint16)
+    text, replaced = valid_unicode(text)
+    return np.array([EOT] + enc.encode_ordinary(text), dtype=np.uint16), replaced
 
 
 def tokenize_bytes(text):
-    """The document-start token, then the document's UTF-8 bytes."""
-    return np.array([BYTES_DOC] + list(text.encode("utf-8")), dtype=np.uint16)
+    """(the document-start token then the document's UTF-8 bytes, the lone surrogates replaced)."""
+    text, replaced = valid_unicode(text)
+    return np.array([BYTES_DOC] + list(text.encode("utf-8")), dtype=np.uint16), replaced
+
+
+def tokenizer_pool(workers):
+    """A pool of tokenizer processes made with Ctrl-C ignored, left to this process (which stops
+    them all; else each prints a traceback), and SIGTERM at its default, so that they end at once
+    when the pool stops them, whatever handlers this process has (train.py's)."""
+    own_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    own_term = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        return Pool(workers)  # forked now: each process keeps the two settings above
+    finally:
+        signal.signal(signal.SIGINT, own_int)
+        signal.signal(signal.SIGTERM, own_term)
 
 
 def decode_bytes(ids):
@@ -324,37 +487,33 @@ def decode_bytes(ids):
 def data_tokenizer(data_dir):
     """'bytes', 'gpt2' or 'characters': the tokenizer of data_dir's shards, from its tokenizer.json;
     without one, lab/arith.py's characters where its task.json is, else GPT-2 BPE."""
-    path = os.path.join(data_dir, "tokenizer.json")
-    if not os.path.isfile(path):
+    record = data_record(data_dir, "tokenizer.json")
+    if record is None:
         return "characters" if os.path.isfile(os.path.join(data_dir, "task.json")) else "gpt2"
-    try:
-        with open(path, encoding="utf-8") as f:
-            name = json.load(f).get("tokenizer")
-    except (ValueError, OSError, AttributeError) as e:
-        raise ValueError(f"{path}: not prepare.py's tokenizer.json ({e})") from None
-    if name not in ("bytes", "gpt2"):
-        raise ValueError(f"{path}: unknown tokenizer {name!r} (prepare.py writes 'bytes')")
-    return name
+    if record.get("tokenizer") not in ("bytes", "gpt2"):
+        raise ValueError(f"{os.path.join(data_dir, 'tokenizer.json')}: unknown tokenizer "
+                         f"{record.get('tokenizer')!r} (prepare.py writes 'bytes')")
+    return record["tokenizer"]
 
 
 def prepare(documents, out_dir, prefix, args):
-    """Tokenize documents in parallel, split them into validation and training, write the shards."""
+    """Tokenize documents in parallel, split them into validation and training, write the shards.
+    Returns what dataset.json records of them: their number, the documents and tokens."""
     encode = tokenize_bytes if args.tokenizer == "bytes" else tokenize
-    if args.tokenizer == "bytes":  # said before any shard: train.py and sample.py read it
-        with open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
-            json.dump({"tokenizer": "bytes", "vocab_size": BYTES_VOCAB}, f)
+    if args.tokenizer == "bytes":  # train.py and sample.py read it
+        write_json(os.path.join(out_dir, "tokenizer.json"),
+                   {"tokenizer": "bytes", "vocab_size": BYTES_VOCAB})
     else:
-        if os.path.exists(os.path.join(out_dir, "tokenizer.json")):
-            os.remove(os.path.join(out_dir, "tokenizer.json"))  # an earlier byte-level set's
         gpt2_encoding()  # loaded here, once, before the workers start: they find it cached
     val = []  # validation documents, written last as shard 0
     buf, fill = np.empty(args.shard_size, dtype=np.uint16), 0  # the training shard being filled
-    n_docs = n_val = n_train = n_train_shards = 0
+    n_docs = n_val = n_train = n_train_shards = n_replaced = 0
     # imap keeps documents in order, so a run is reproducible; chunks amortize inter-process traffic
-    with Pool(args.workers) as pool, \
+    with tokenizer_pool(args.workers) as pool, \
             tqdm(total=args.max_tokens, unit="tok", unit_scale=True) as bar:
-        for tokens in pool.imap(encode, documents, chunksize=16):
+        for tokens, replaced in pool.imap(encode, documents, chunksize=16):
             bar.update(len(tokens))
+            n_replaced += replaced
             if n_docs % args.val_every == 0 and n_val < args.val_tokens:
                 val.append(tokens)
                 n_val += len(tokens)
@@ -381,8 +540,8 @@ def prepare(documents, out_dir, prefix, args):
         n_train_shards += 1  # several parts only from one document's tail, split off above
         write_shard(shard_path(out_dir, prefix, "train", n_train_shards), part)
     write_shard(shard_path(out_dir, prefix, "val", 0), np.concatenate(val))
-    print(f"wrote {n_train_shards + 1} shards to {out_dir} ({n_docs:,} documents): "
-          f"val {n_val:,} tokens, train {n_train:,} tokens")
+    return {"shards": n_train_shards + 1, "documents": n_docs, "val_tokens": n_val,
+            "train_tokens": n_train, "lone_surrogates": n_replaced}
 
 
 def count(text):
@@ -398,7 +557,9 @@ def count(text):
     return n
 
 
-def main(argv=None):
+def main(argv=None, wait=False):
+    """prepare.py's command line (argv: its words, default sys.argv's). With wait, a data set
+    being written into out_dir is waited for rather than refused."""
     parser = argparse.ArgumentParser(
         description="Tokenize text into token shards for train.py (GPT-2 BPE, or bytes).")
     source = parser.add_mutually_exclusive_group()
@@ -431,36 +592,49 @@ def main(argv=None):
     prefix = PREFIXES[name]
     suffix = "_bytes" if args.tokenizer == "bytes" else ""
     out_dir = args.out_dir or os.path.join("data", prefix + suffix)
-    # The validation shard is written last: with it, a finished run is there already and is kept;
-    # without it, shards left by an interrupted run are deleted, so none mixes into the new set.
-    old_shards = glob.glob(os.path.join(out_dir, f"{prefix}_*.bin"))
-    if set(glob.glob(os.path.join(out_dir, "*_*_*.bin"))) - set(old_shards):  # another data set's
-        sys.exit(f"prepare.py: error: {out_dir} holds other shards: give another --out_dir")
-    if os.path.exists(shard_path(out_dir, prefix, "val", 0)):
-        try:
-            held = data_tokenizer(out_dir)
-        except ValueError as e:
-            sys.exit(f"prepare.py: error: {e}")
-        if held != args.tokenizer:
-            sys.exit(f"prepare.py: error: {out_dir} holds {held} shards: give another --out_dir")
-        print(f"{out_dir} already holds {len(old_shards)} shards: kept "
-              "(delete them to prepare anew)")
+    if kept(out_dir, prefix, args.tokenizer):  # before the lock: a finished set is only read
         return
-    for path in old_shards:
-        os.remove(path)
     try:
+        os.makedirs(out_dir, exist_ok=True)
+        writer = lock(out_dir)  # held until main returns
+        if writer is None and wait:
+            print(f"waiting for the process writing {out_dir} to finish", flush=True)
+            writer = lock(out_dir, wait=True)
+    except OSError as e:  # out_dir not writable, or a file
+        sys.exit(f"prepare.py: error: cannot write to out_dir {out_dir}: {e.strerror}")
+    if writer is None:
+        sys.exit(f"prepare.py: error: another process is writing {out_dir} now (prepare.py, or "
+                 "train.py preparing it): wait for it to finish, or give another --out_dir")
+    if kept(out_dir, prefix, args.tokenizer):  # finished while this one waited for the lock
+        return
+    try:
+        # Left by a writer that stopped before the end (no one else holds the lock): no set
+        for path in [*glob.glob(os.path.join(out_dir, f"{prefix}_*.bin*")),
+                     *glob.glob(os.path.join(out_dir, "tokenizer.json*")),
+                     *glob.glob(os.path.join(out_dir, f"{MARKER}*"))]:
+            os.remove(path)
         if name == "local":
             documents = local_documents(args.input)
         elif name == "fineweb":
             documents = fineweb_documents()
         else:
             documents = pydoc_documents()
-        os.makedirs(out_dir, exist_ok=True)
-        prepare(documents, out_dir, prefix, args)
-    except (InputError, OSError) as e:  # OSError: out_dir not writable, or a file; a full disk
-        for path in glob.glob(os.path.join(out_dir, f"{prefix}_*.bin")):
-            os.remove(path)  # training shards written so far: leave no half set to mistake for data
+        with writing_data_set(out_dir) as summary:
+            summary.update(prepare(documents, out_dir, prefix, args))
+    except InputError as e:
         sys.exit(f"prepare.py: error: {e}")
+    except OSError as e:  # a full disk, say: writing_data_set removed the set's files
+        sys.exit(f"prepare.py: error: {e.filename}: {e.strerror}" if e.filename else
+                 f"prepare.py: error: {e}")
+    except KeyboardInterrupt:
+        print(f"prepare.py: interrupted: {out_dir} holds none of the set it was writing",
+              file=sys.stderr)
+        sys.exit(130)  # as a shell reports Ctrl-C
+    replaced = summary["lone_surrogates"]
+    print(f"wrote {summary['shards']} shards to {out_dir} ({summary['documents']:,} documents): "
+          f"val {summary['val_tokens']:,} tokens, train {summary['train_tokens']:,} tokens"
+          + (f"; {replaced:,} lone surrogates (half a UTF-16 pair: no character) written as "
+             "U+FFFD" if replaced else ""))
     if argv is None:  # run as a command: what to run next (train.py, calling main, runs it now)
         if args.tokenizer == "bytes":
             config = "config/cpu_demo.py"
@@ -471,19 +645,38 @@ def main(argv=None):
         print(f"next: python train.py {config} --data_dir={out_dir}")
 
 
+def kept(out_dir, prefix, tokenizer):
+    """Whether out_dir holds a finished set of prefix's shards, which is kept, saying so; stops in
+    one line where they are another data set's, or of another tokenizer."""
+    shards = glob.glob(os.path.join(out_dir, f"{prefix}_*.bin"))
+    if set(glob.glob(os.path.join(out_dir, "*_*_*.bin"))) - set(shards):  # another data set's
+        sys.exit(f"prepare.py: error: {out_dir} holds other shards: give another --out_dir")
+    try:  # an older prepare.py wrote the validation shard last
+        if not holds_finished_set(out_dir, shard_path(out_dir, prefix, "val", 0)):
+            return False
+        held = data_tokenizer(out_dir)
+    except ValueError as e:
+        sys.exit(f"prepare.py: error: {e}")
+    if held != tokenizer:
+        sys.exit(f"prepare.py: error: {out_dir} holds {held} shards: give another --out_dir")
+    print(f"{out_dir} already holds {len(shards)} shards: kept (delete them to prepare anew)")
+    return True
+
+
 def prepare_if_default(data_dir):
     """train.py's first step on a fresh clone: when data_dir is where `python prepare.py` puts the
     embedded data set (data/pydoc, or data/pydoc_bytes with --tokenizer=bytes) and holds no
-    finished set (the validation shard is written last), make it."""
+    finished set, make it (waiting for another process that is making it: a second run started
+    beside the first). Raises ValueError if its dataset.json is not prepare.py's."""
     pydoc = PREFIXES["pydoc"]
     tokenizers = {os.path.join("data", pydoc): "gpt2",
                   os.path.join("data", pydoc + "_bytes"): "bytes"}
     tokenizer = tokenizers.get(os.path.normpath(data_dir))
-    if tokenizer is None or os.path.exists(shard_path(data_dir, pydoc, "val", 0)):
+    if tokenizer is None or holds_finished_set(data_dir, shard_path(data_dir, pydoc, "val", 0)):
         return
     print(f"{data_dir} holds no data set: preparing Python's docs there (as `python prepare.py"
           f"{' --tokenizer=bytes' if tokenizer == 'bytes' else ''}`)", flush=True)
-    main(["--out_dir", data_dir, "--tokenizer", tokenizer])
+    main(["--out_dir", data_dir, "--tokenizer", tokenizer], wait=True)
 
 
 if __name__ == "__main__":

@@ -111,6 +111,9 @@ config['lr_decay_iters'] = lr_decay_iters  # saved with the run: a resume keeps 
 # -----------------------------------------------------------------------------
 # setup: one process, or one per GPU under torchrun
 ddp = int(os.environ.get('RANK', -1)) != -1
+# Ctrl-C, or SIGTERM (what a cluster's scheduler sends a job before it kills it): one line and the
+# exit code a shell expects (130, 143), never a traceback; from the training loop on, with a save.
+interrupts = bookkeeping.Interrupts(ddp)
 device_type = 'cuda' if device.startswith('cuda') else 'cpu'
 rank = 0
 world_size = 1
@@ -143,7 +146,7 @@ torch.manual_seed(seed)
 # -----------------------------------------------------------------------------
 # data: every shard is checked now, before step 0 (prepare.Batches reads them all)
 if master:  # data/pydoc(_bytes), missing: made now, so the quick start needs no prepare.py step
-    prepare_if_default(data_dir)
+    or_fail(prepare_if_default, data_dir)
 if ddp:
     dist.barrier()  # the other processes read the data once it is whole
 # The data's tokenizer goes into the run's settings, so that sample.py decodes with it.
@@ -212,6 +215,16 @@ def lr_factor(it):
     return lr / learning_rate
 
 
+def stop_signal():
+    """The signal to stop at this step (SIGINT for Ctrl-C, SIGTERM), 0 while none has come: under
+    DDP the one any process got (one all_reduce of a number a step), so that all stop together."""
+    if not ddp:
+        return interrupts.signal
+    signum = torch.tensor(interrupts.signal, device=device)
+    dist.all_reduce(signum, op=dist.ReduceOp.MAX)
+    return signum.item()
+
+
 def sum_over_processes(value):
     value = torch.tensor(value, dtype=torch.float64, device=device)
     if ddp:
@@ -250,8 +263,9 @@ def evaluate():
 # -----------------------------------------------------------------------------
 # training loop
 start_step = step
-if step >= max_iters:
-    log(f"the checkpoint is at step {step}, max_iters is {max_iters}: nothing to train")
+# From here Ctrl-C or SIGTERM stops the run after the step in flight, with a checkpoint; a second
+# Ctrl-C stops it at once.
+interrupts.save_first(run)
 window_start = time.time()  # steps are timed over the window since the last log line
 window_steps = 0
 while True:
@@ -277,7 +291,8 @@ while True:
         group['lr'] = base_lr * factor
     loss_sum = torch.zeros((), device=device)
     for micro_step in range(accum_steps):
-        x, y = (torch.from_numpy(a) for a in train_batches.next())
+        # (through or_fail: a shard deleted since step 0 stops the run in one line)
+        x, y = (torch.from_numpy(a) for a in or_fail(train_batches.next))
         if device_type == 'cuda':  # from pinned memory the copy overlaps the GPU's work
             x, y = x.pin_memory(), y.pin_memory()
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -302,7 +317,13 @@ while True:
                      raw_model)
         window_start = time.time()
         window_steps = 0
+    signum = stop_signal() if step < max_iters else 0  # the last step saves as always
+    if signum:
+        run.save(raw_model, optimizer, train_batches, step, best_val_loss)
+        break
 
 if ddp:
     dist.barrier()  # rank 0 may still be saving: tearing down under it can abort (SIGABRT) a run
     dist.destroy_process_group()
+if step < max_iters:  # stopped by a signal: say how to go on
+    run.stop(signum, step)

@@ -55,7 +55,8 @@ import torch
 from configurator import configure, fail, or_fail
 from lab import read_json
 from lime import load_model
-from prepare import read_shard, shard_path, shard_paths, write_shard
+from prepare import (MARKER, check_finished, holds_finished_set, lock, read_shard, shard_path,
+                     shard_paths, write_json, write_shard, writing_data_set)
 
 # -----------------------------------------------------------------------------
 mode = 'prepare'  # 'prepare': write the data set; 'eval': score a checkpoint
@@ -189,9 +190,9 @@ def split_text(name, per_ops, task):
 
 
 def run_prepare(task):
-    """The data set into out_dir, its task.json last: runs may have trained on what a directory
-    holds, so a finished set is kept and another data set refused; only the shards of an
-    interrupted prepare (no task.json yet) are replaced."""
+    """The data set into out_dir, as prepare.py writes one (under a lock on out_dir, its
+    dataset.json last): runs may have trained on what a directory holds, so a finished set is kept
+    and another data set refused; only what an unfinished prepare left is replaced."""
     # A shard's header counts its tokens in an int32: measured on one example of each operator count
     rng = random.Random(0)
     example_tokens = sum(len(example_text(*make_example(rng, n, task['modulus'], task['cot'])))
@@ -201,28 +202,36 @@ def run_prepare(task):
             fail(f"{key}={task[key]} makes a split of about {task[key] * example_tokens:,} tokens, more than "
                  "a shard holds (2**31 - 1)")
     task_path = os.path.join(out_dir, 'task.json')
-    shards = glob.glob(os.path.join(out_dir, '*_*_*.bin'))
-    if os.path.isfile(task_path) and read_json(task_path, 'task file') == task:
-        print(f"{out_dir} already holds this data set: kept (delete it to prepare anew)")
-        return print(f"next: python train.py config/arith.py --data_dir={out_dir}")
-    foreign = [p for p in shards if not os.path.basename(p).startswith('arith_')]
-    if os.path.lexists(task_path) or foreign:
-        fail(f"{out_dir} holds another data set, which runs may have trained on: give another "
-             "--out_dir (or delete it, and the runs that read it, to prepare anew)")
     try:
         os.makedirs(out_dir, exist_ok=True)
-        for path in shards:  # left by an interrupted prepare
-            os.remove(path)
+        writer = lock(out_dir)  # held until this returns
     except OSError as e:
         fail(f"cannot write to out_dir {out_dir}: {e.strerror}")
+    if writer is None:
+        fail(f"another process is writing {out_dir} now: wait for it to finish, or give another "
+             "--out_dir")
+    finished = or_fail(holds_finished_set, out_dir, task_path)  # older versions: task.json last
+    if finished and os.path.isfile(task_path) and read_json(task_path, 'task file') == task:
+        print(f"{out_dir} already holds this data set: kept (delete it to prepare anew)")
+        return print(f"next: python train.py config/arith.py --data_dir={out_dir}")
+    foreign = [p for p in glob.glob(os.path.join(out_dir, '*_*_*.bin'))
+               if not os.path.basename(p).startswith('arith_')]
+    if finished or foreign:
+        fail(f"{out_dir} holds another data set, which runs may have trained on: give another "
+             "--out_dir (or delete it, and the runs that read it, to prepare anew)")
     t0 = time.time()
-    for name, per_ops, index in (('val', val_per_ops, 0), ('train', train_per_ops, 1)):
-        tokens = encode(split_text(name, per_ops, task))
-        write_shard(shard_path(out_dir, 'arith', name, index), tokens)
-        print(f"{name}: {len(tokens):,} tokens, {per_ops} examples per operator count")
-    with open(f"{task_path}.tmp", 'w') as f:  # written whole or not at all: it marks a finished set
-        json.dump(task, f, indent=1)
-    os.replace(f"{task_path}.tmp", task_path)
+    try:
+        for name in ('arith_*.bin*', 'task.json*', f'{MARKER}*'):  # left by an unfinished prepare
+            for path in glob.glob(os.path.join(out_dir, name)):
+                os.remove(path)
+        with writing_data_set(out_dir):
+            for name, per_ops, index in (('val', val_per_ops, 0), ('train', train_per_ops, 1)):
+                tokens = encode(split_text(name, per_ops, task))
+                write_shard(shard_path(out_dir, 'arith', name, index), tokens)
+                print(f"{name}: {len(tokens):,} tokens, {per_ops} examples per operator count")
+            write_json(task_path, task)
+    except OSError as e:  # a full disk, say: writing_data_set removed what it wrote
+        fail(f"{e.filename}: {e.strerror}")
     print(f"wrote {out_dir} in {time.time() - t0:.0f}s; examples:\n{split_text('example', 1, task)}", end='')
     print(f"next: python train.py config/arith.py --data_dir={out_dir}")
 
@@ -236,6 +245,7 @@ def read_task(data_dir):
     if not os.path.isdir(data_dir):
         fail(f"the checkpoint's data_dir {data_dir} is not there: evaluation reads its task.json "
              "and shards")
+    or_fail(check_finished, data_dir)  # a set still being written has no task.json yet: say that
     task = read_json(path, 'task file', "the checkpoint was not trained on `python -m lab.arith --mode=prepare` data")
     # The same checks as main() makes of the keys that wrote it: an edited file fails here, not later.
     kinds = {'seed': int, 'modulus': int, 'min_ops': int, 'max_ops': int, 'cot': bool}
@@ -341,11 +351,9 @@ def run_eval(given):
         print(row(n_ops, n_ops + 1, len(examples), f"{share(right, examples):.1%}", len(held_out), shown,
                   f"{time.time() - t0:.1f}s"))
     print(json.dumps(result))
-    path = os.path.join(ckpt_dir, 'arith_eval.json')  # for plot.py --mode=arith, written whole
+    path = os.path.join(ckpt_dir, 'arith_eval.json')  # for plot.py --mode=arith
     try:
-        with open(f"{path}.tmp", 'w') as f:
-            f.write(json.dumps(result) + '\n')
-        os.replace(f"{path}.tmp", path)
+        write_json(path, result)
     except OSError as e:
         fail(f"cannot write {path}: {e.strerror} (the table above is all there is)")
 

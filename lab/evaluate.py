@@ -59,7 +59,7 @@ import torch.nn.functional as F
 
 from configurator import configure, fail, or_fail, read_text
 from lime import load_model, use_fused_kernels
-from prepare import EOT, gpt2_encoding, read_shard, shard_paths, token_bytes
+from prepare import EOT, gpt2_encoding, read_shard, shard_paths, token_bytes, write_atomically
 
 # -----------------------------------------------------------------------------
 out_dir = 'out'  # the directory holding ckpt.pt
@@ -88,15 +88,11 @@ fused = None  # LIMe's mix: None = kernels/memory.py, False = lime.py's plain Py
 def download(url, path):
     """url's file at path, written whole or not at all; one line naming both when it cannot be had."""
     print(f"downloading {url} to {path}", file=sys.stderr)
-    tmp = f"{path}.{os.getpid()}.tmp"
     try:
         os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
-        with urllib.request.urlopen(url, timeout=60) as response, open(tmp, 'wb') as f:
-            f.write(response.read())
-        os.replace(tmp, path)
+        with urllib.request.urlopen(url, timeout=60) as response:
+            write_atomically(path, lambda f: f.write(response.read()))
     except (OSError, ValueError) as e:  # urllib's URLError is an OSError
-        if os.path.exists(tmp):
-            os.remove(tmp)
         fail(f"could not download {url} ({getattr(e, 'reason', None) or e}); without a network, fetch it "
              f"elsewhere and put it at {path}")
 

@@ -33,6 +33,7 @@ import torch
 
 from configurator import configure, fail
 from lab import read_json
+from prepare import write_atomically
 
 try:
     import matplotlib
@@ -347,14 +348,16 @@ def main(argv=None):
 
 
 def save(fig, path, dpi=120):
-    """Write fig to path (making its directory), or one line saying why it cannot be written."""
+    """Write fig to path (making its directory), whole or not at all (an earlier figure there is
+    kept on a full disk), or one line saying why it cannot be written."""
     kinds = fig.canvas.get_supported_filetypes()  # matplotlib's: png, pdf, svg, ...
-    if os.path.isdir(path) or os.path.splitext(path)[1][1:].lower() not in kinds:
+    kind = os.path.splitext(path)[1][1:].lower()
+    if os.path.isdir(path) or kind not in kinds:
         fail(f"cannot write {path}: name a file ending in .png (or .{', .'.join(sorted(kinds))})")
     try:
         os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
         fig.tight_layout()
-        fig.savefig(path, dpi=dpi)
+        write_atomically(path, lambda f: fig.savefig(f, format=kind, dpi=dpi))
     except OSError as e:
         fail(f"cannot write {path}: {e.strerror}")
     plt.close(fig)

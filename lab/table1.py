@@ -15,13 +15,13 @@ or from its cache: offline (HF_DATASETS_OFFLINE=1, HF_HUB_OFFLINE=1) they must b
 harness then reads those before its own, and a file there may define a task of the same name.
 docs/evaluation.md says how to fill the cache, and how such a file looks.
 """
-import json
 import os
 
 import torch
 
 from configurator import configure, fail
 from lime import last_line
+from prepare import write_json
 
 # -----------------------------------------------------------------------------
 out_dir = 'out'  # the directory holding ckpt.pt
@@ -141,8 +141,10 @@ def main():
     scores['paper'] = PAPER
     print('\n'.join(table(scores)))
     path = json_file or os.path.join(out_dir, 'table1.json')
-    with open(path, 'w') as f:
-        json.dump(scores, f, indent=1)
+    try:
+        write_json(path, scores)
+    except OSError as e:
+        fail(f"cannot write {path}: {e.strerror} (the table above is all there is)")
     print(f"wrote {path}")
 
 

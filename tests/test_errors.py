@@ -250,16 +250,26 @@ CASES = [
     case('resume-missing-weight', 'train.py', '--out_dir={files}/missing --init_from=resume '
          '--device=cpu', 'Missing key(s) in state_dict: "blocks.1.attn_norm.weight"'),
     case('resume-with-a-log-edited-by-hand', 'train.py', '--out_dir={files}/badlog --init_from=resume '
-         '--device=cpu', "log.txt is not train.py's log"),
+         '--device=cpu --max_iters=4', "log.txt is not train.py's log"),
     *[case(f'resume-{name}-edited-by-hand', 'train.py', f'--out_dir={{files}}/{name} --init_from=resume '
-           '--device=cpu', 'cannot resume from') for name in ('badopt', 'badrng', 'baddata')],
+           '--device=cpu --max_iters=4', 'cannot resume from') for name in ('badopt', 'badrng', 'baddata')],
     case('resume-saved-setting-out-of-range', 'train.py', '--out_dir={files}/zerointerval '
          '--init_from=resume --device=cpu', "ckpt.pt: its saved eval_interval must be > 0, got 0"),
     case('resume-another-lime', 'train.py', '--out_dir={files}/newer --init_from=resume '
          '--device=cpu', "does not load into this lime.py: GPTConfig.__init__() got an "
          "unexpected keyword argument 'n_experts'"),
     case('resume-on-changed-data', 'train.py', '--out_dir={files}/moved --init_from=resume '
-         '--device=cpu --data_dir={files}/changed', 'changed since the checkpoint'),
+         '--device=cpu --max_iters=4 --data_dir={files}/changed', 'changed since the checkpoint'),
+    # a setting a resume would not use is refused, not noted as changed
+    case('resume-with-a-new-seed', 'train.py', '--out_dir={run} --init_from=resume --device=cpu '
+         '--max_iters=4 --seed=7', "--seed=7 has no use on this resume: the weights and the random "
+         "state are the checkpoint's"),
+    case('resume-and-overwrite', 'train.py', '--out_dir={run} --init_from=resume --device=cpu '
+         '--max_iters=4 --overwrite=True', '--overwrite=True replaces the run in out_dir, '
+         '--init_from=resume continues it'),
+    case('resume-with-a-wandb-project-but-no-wandb', 'train.py', '--out_dir={run} --init_from=resume '
+         '--device=cpu --max_iters=4 --wandb_project=other',
+         "--wandb_project='other' has no use on this resume: wandb_log is False"),
     case('resume-with-a-task-that-cannot-be-scored', 'train.py',
          '--out_dir={run} --init_from=resume --device=cpu --max_iters=6 '
          '--mc_task={files}/empty_ending.jsonl --mc_interval=2',
@@ -300,7 +310,7 @@ CASES = [
          '--mode=eval --ckpt_dir={files}/arith_run --device=cpu',
          "arith_types/task.json is not the task.json that `python -m lab.arith --mode=prepare` writes"),
     case('resume-log-step-not-a-number', 'train.py',
-         '--out_dir={files}/nullstep --init_from=resume --device=cpu',
+         '--out_dir={files}/nullstep --init_from=resume --device=cpu --max_iters=4',
          "log.txt is not train.py's log (a record's step is None)"),
     case('resume-saved-setting-of-another-type', 'train.py',
          '--out_dir={files}/badsetting --init_from=resume --device=cpu',

@@ -2,6 +2,7 @@
 Tests for prepare.py: the shard format, the val/train split, the sources and the error messages.
 Offline and CPU only: python -m pytest -q tests/test_prepare.py
 """
+import errno
 import gzip
 import json
 import os
@@ -33,8 +34,12 @@ def write_jsonl_gz(path, texts):
 
 
 def run(out_dir, *args):
+    """prepare.py with args into out_dir: the files it holds then, beside the lock file and the
+    dataset.json that every set has."""
     prepare.main([*args, "--out_dir", str(out_dir), "--workers", "2"])
-    return sorted(os.listdir(out_dir))
+    names = set(os.listdir(out_dir))
+    assert {".lock", "dataset.json"} <= names
+    return sorted(names - {".lock", "dataset.json"})
 
 
 def split_documents(tokens):
@@ -88,8 +93,8 @@ def test_max_tokens_stops_after_the_document_that_reaches_it(tmp_path):
     texts = make_texts(200)
     path = write_jsonl_gz(tmp_path / "docs.jsonl.gz", texts)
     out = tmp_path / "out"
-    run(out, "--input", path, "--max_tokens", "1K")
-    total = sum(len(prepare.read_shard(out / name)) for name in os.listdir(out))
+    total = sum(len(prepare.read_shard(out / name))
+                for name in run(out, "--input", path, "--max_tokens", "1K"))
     lengths = np.cumsum([len(expected_tokens(t)) for t in texts])
     assert total == lengths[np.searchsorted(lengths, 1000)]  # whole documents, the last one crossing 1K
 
@@ -158,12 +163,22 @@ def test_rerun_keeps_a_finished_set_and_replaces_an_interrupted_one(tmp_path, ca
     run(out, "--input", path)
     assert "kept" in capsys.readouterr().out
     assert {p.name: p.stat().st_mtime_ns for p in out.glob("*.bin")} == before
-    # An interrupted run leaves training shards but no validation shard (it is written last).
-    (out / "local_val_000000.bin").unlink()
+    # An interrupted run: dataset.json still says "unfinished", with a stale shard and a temporary
+    (out / "dataset.json").write_text('{"finished": false}')
     (out / "local_train_000009.bin").write_bytes(b"stale")
+    (out / "local_train_000010.bin.123.tmp").write_bytes(b"half")
     run(out, "--input", path)
     assert not (out / "local_train_000009.bin").exists()
+    assert sorted(p.name for p in out.glob("*.bin*")) == sorted(before)
+    # An older prepare.py's interrupted set: no dataset.json, and no validation shard (it wrote
+    # that last); its finished set, with one, is kept as it is
+    (out / "dataset.json").unlink()
+    (out / "local_val_000000.bin").unlink()
+    run(out, "--input", path)
     assert sorted(p.name for p in out.glob("*.bin")) == sorted(before)
+    (out / "dataset.json").unlink()
+    prepare.main(["--input", path, "--out_dir", str(out)])
+    assert "kept" in capsys.readouterr().out and not (out / "dataset.json").exists()
 
 
 # -----------------------------------------------------------------------------
@@ -303,7 +318,7 @@ def test_read_shard_rejects_a_damaged_file_naming_it_and_the_problem(tmp_path, h
 
 def test_interrupted_write_leaves_no_file_that_looks_like_a_shard(tmp_path, monkeypatch):
     def disk_full(fd):
-        raise OSError("No space left on device")
+        raise OSError(errno.ENOSPC, "No space left on device")
 
     old = tmp_path / "old.bin"
     prepare.write_shard(old, np.arange(10))
@@ -353,6 +368,28 @@ def test_byte_shards_round_trip_text_exactly_and_say_their_tokenizer(tmp_path):
     counts, why = prepare.token_bytes(prepare.BYTES_VOCAB, str(out))
     assert why is None and counts[:256].tolist() == [1] * 256 and counts[256] == 0
     assert prepare.token_bytes(50257, str(out))[0] is None
+
+
+def test_lone_surrogates_become_u_fffd_in_both_tokenizers_and_are_counted(tmp_path, capsys):
+    # JSON can escape half of a UTF-16 pair ("\\ud800"), which is no character and has no UTF-8
+    # bytes: GPT-2's tokenizer writes U+FFFD for it, and the byte-level one must do the same (it
+    # failed in a tokenizer process). A whole escaped pair is its one character.
+    texts = ["lone \ud800 here", "two \udc00\ud800 and a pair \ud83d\ude00"] * 3
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+    read = {}
+    for tokenizer in ("bytes", "gpt2"):
+        out = tmp_path / tokenizer
+        run(out, "--input", str(docs), "--tokenizer", tokenizer, "--val_every", "2")
+        summary = capsys.readouterr().out
+        assert "; 9 lone surrogates (half a UTF-16 pair: no character) written as U+FFFD" in summary
+        assert json.loads((out / "dataset.json").read_text())["lone_surrogates"] == 9
+        tokens = np.concatenate([prepare.read_shard(path) for split in ("val", "train")
+                                 for path in prepare.shard_paths(str(out), split)])
+        read[tokenizer] = (prepare.decode_bytes(tokens).split("\n\n") if tokenizer == "bytes" else
+                           [ENC.decode(doc[1:]) for doc in split_documents(tokens)])
+    assert sorted(read["bytes"]) == sorted(read["gpt2"]) == \
+        sorted(["lone \ufffd here", "two \ufffd\ufffd and a pair \U0001f600"] * 3)
 
 
 def test_decode_bytes_separates_documents_and_survives_a_cut_character():

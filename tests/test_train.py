@@ -350,8 +350,8 @@ def test_data_pydoc_is_prepared_by_train_py_when_missing_and_kept_after(data_dir
     assert "data/pydoc holds no data set: preparing Python's docs there" in result.stdout
     assert 'next:' not in result.stdout and (tmp_path / 'out' / 'ckpt.pt').exists()
     made = sorted(p.name for p in pydoc.iterdir())
-    assert made == sorted(os.path.basename(p) for p in glob.glob(os.path.join(data_dir, '*.bin')))
-    for name in made:  # the same shards as prepare.py's
+    assert made == sorted(os.listdir(data_dir))
+    for name in made:  # the same shards as prepare.py's, and the same dataset.json
         assert (pydoc / name).read_bytes() == open(os.path.join(data_dir, name), 'rb').read(), name
     again = train('data/pydoc', 'out', '--max_iters=1', '--eval_interval=1', '--overwrite=True',
                   cwd=tmp_path)
