@@ -4,20 +4,20 @@ side by side, on random tokens, and print one markdown table.
 
     python -m lab.bench --shape=all                     # on a GPU: every GPU shape, one table
     python -m lab.bench --shape=gpt2 --routers=none,static,static-plain
-    python -m lab.bench --shape=gpt2 --routers=none,hc,dynamic,dynamic-hc   # hyper-connections beside LIMe
+    python -m lab.bench --shape=gpt2 --routers=none,hc,dynamic,dynamic-hc   # and hyper-connections
     python -m lab.bench                                 # on a CPU: the tiny shape, in seconds
 
 Each router's number is the median of `steps` timed steps after `warmup` untimed ones. The first
-step compiles (and tunes the fused kernels): its time beyond a normal step is the compile column.
-Ratios to 'none' come from the same run: compare those, not absolute numbers across runs. A LIMe
-router named with '-plain' (static-plain) runs lime.py's plain PyTorch mix instead of kernels/fused.py's
-kernels, to compare the two. 'hc' is the paper's other baseline, hyper-connections (dynamic, with
-`hyper_connections` streams) on the plain model, and '-hc' after a router adds them to it
-(static-hc). The routing-floor column counts the bytes LIMe's mix must move (see
-routing_bytes) and the time they take at `bandwidth` bytes/s: no exact implementation beats it.
+step compiles: its time beyond a normal step is the compile column. Ratios to 'none' come from the
+same run: compare those, not absolute numbers across runs. A LIMe router runs LIMe's mix as
+`fused` says (by default kernels/memory.py, the head-major layer memory); named with '-plain'
+(static-plain) it runs lime.py's definition instead, to compare the two. 'hc' is the paper's
+other baseline, hyper-connections (dynamic, with `hyper_connections` streams) on the plain model,
+and '-hc' after a router adds them to it (static-hc). The routing-floor column counts the bytes
+LIMe's mix must move (see routing_bytes) and the time they take at `bandwidth` bytes/s: no exact
+implementation beats it.
 """
 import statistics
-import subprocess
 import sys
 import time
 from datetime import date
@@ -25,6 +25,7 @@ from datetime import date
 import torch
 
 from configurator import check_memory, configure, fail, or_fail
+from lab.gpu_check import cell, commit, ratio  # as in its report
 from lime import GPT, ROUTERS, GPTConfig, use_fused_kernels
 
 SHAPES = {  # name: (GPTConfig fields, batch size)
@@ -33,14 +34,15 @@ SHAPES = {  # name: (GPTConfig fields, batch size)
     'paper_1b_gqa': (dict(n_layer=16, n_head=32, n_kv_head=8, n_embd=2048, mlp_hidden=8192,
                           block_size=2048), 4),
     'deep': (dict(n_layer=64, n_head=8, n_embd=256, mlp_hidden=1024, block_size=1024), 32),
-    'tiny': (dict(n_layer=4, n_head=4, n_embd=64, block_size=64, vocab_size=512), 4),  # for CPUs, tests
+    # for CPUs, and the tests
+    'tiny': (dict(n_layer=4, n_head=4, n_embd=64, block_size=64, vocab_size=512), 4),
 }
 GPU_SHAPES = ['gpt2', 'paper_1b', 'paper_1b_gqa', 'deep']  # what --shape=all runs
 # -----------------------------------------------------------------------------
 shape = 'gpt2'  # one of SHAPES, or 'all' for every GPU shape; on a CPU the default becomes 'tiny'
-routers = 'none,static,dynamic'  # '-plain': lime.py's plain mix; 'hc', '-hc': hyper-connections (see above)
+routers = 'none,static,dynamic'  # '-plain': lime.py's definition; 'hc', '-hc': hyper-connections
 hyper_connections = 4  # streams of the HC rows (the paper's rate)
-fused = None  # the LIMe mix: None = the fastest tested (lime.use_fused_kernels), True = Triton
+fused = None  # LIMe's mix: None or True = kernels/memory.py, False = lime.py's definition
 batch_size = 0  # 0 means the shape's own
 steps = 20  # timed steps per router
 warmup = 5  # untimed steps first (compilation happens in the first; at least 1)
@@ -68,20 +70,22 @@ if shape == 'all' and device_type == 'cpu':
 
 
 def parse_row(name):
-    """(router, hyper_connections, plain mix?) for a row name: a router, or 'hc' for the plain model
-    with hyper-connections; then '-hc' to add them to a router; then '-plain' (LIMe routers only)."""
+    """(router, hyper_connections, the definition?) for a row name: a router, or 'hc' for the
+    plain model with hyper-connections; then '-hc' to add them to a router; then '-plain' (LIMe
+    routers only)."""
     base = name.removesuffix('-plain')
     with_hc = base == 'hc' or base.endswith('-hc')
     router = 'none' if base == 'hc' else base.removesuffix('-hc')
     return router, hyper_connections if with_hc else 0, base != name
 
 
-router_list = sorted(routers.split(','), key=lambda r: r != 'none')  # the baseline first: ratios need it
+# the baseline first: the ratios need it
+router_list = sorted(routers.split(','), key=lambda r: r != 'none')
 for name in router_list:
     router, _, plain = parse_row(name)
     if router not in ROUTERS or (plain and router == 'none') or name.startswith('none-'):
-        fail(f"routers: {name!r} is not one of {', '.join(ROUTERS)}, hc (or static-plain, dynamic-plain, "
-             "static-hc, dynamic-hc, static-hc-plain, ...)")
+        fail(f"routers: {name!r} is not one of {', '.join(ROUTERS)}, hc (or static-plain, "
+             "dynamic-plain, static-hc, dynamic-hc, static-hc-plain, ...)")
 repeated = sorted({name for name in router_list if router_list.count(name) > 1})
 if repeated:  # a second row of the same router is a second timing of it, not a comparison
     fail(f"routers: {', '.join(map(repr, repeated))} named more than once")
@@ -95,7 +99,9 @@ def routing_bytes(model, B, T, element_size):
     about S + 2 more. So (2S + 3) N per layer; the dynamic probabilities are small beside it."""
     cfg = model.config
     N = B * T * 2 * cfg.n_kv_head * (cfg.n_embd // cfg.n_head)
-    return sum((2 * (l + 1) + 3) * N * element_size for l in range(1, cfg.n_layer)) if model.routers() else 0
+    if not model.routers():
+        return 0
+    return sum((2 * (l + 1) + 3) * N * element_size for l in range(1, cfg.n_layer))
 
 
 def sync():
@@ -108,8 +114,7 @@ def measure(model_args, B, name):
     CUDA only) for one router."""
     torch.manual_seed(0)
     router, hc, plain = parse_row(name)
-    # First: the kernels must choose Triton's interpreter (on a CPU) before dynamo imports triton.
-    or_fail(use_fused_kernels, False if plain else fused, device)
+    or_fail(use_fused_kernels, False if plain else fused, device)  # no self-check: lab.gpu_check's
     torch._dynamo.reset()  # each router compiles afresh, with nothing cached from the last
     model_config = or_fail(GPTConfig, router=router, hyper_connections=hc, **model_args)
     T = model_args['block_size']  # the step's float32 logits, at the least: B * T * vocabulary
@@ -141,22 +146,6 @@ def measure(model_args, B, name):
     return model, dt, max(0.0, first - dt), peak
 
 
-def commit():
-    try:
-        return subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return 'unknown'
-
-
-def cell(value, spec):
-    return '-' if value is None else format(value, spec)
-
-
-def ratio(value, base):
-    return None if value is None or base is None or base == 0 else value / base
-
-
 device_name = torch.cuda.get_device_name() if device_type == 'cuda' else 'cpu'
 shapes = GPU_SHAPES if shape == 'all' else [shape]
 print(f"bench.py --shape={shape} | {date.today()} | commit {commit()} | {device_name} | "
@@ -178,9 +167,11 @@ for shape_name in shapes:
         tok_s = B * T / dt
         floor_ms = routing_bytes(model, B, T, 2 if dtype == 'bfloat16' else 4) / bandwidth * 1000
         routing_ms = (dt - base[0]) * 1000 if base else None
-        print(f"| {shape_name} | {name} | {model.num_params() / 1e6:.1f}M | {dt * 1000:.1f} | {tok_s:,.0f} | "
-              f"{cell(ratio(base and base[0], dt), '.3f')} | {model.estimate_mfu(tok_s, peak_flops):.1%} | "
-              f"{cell(peak and peak / 2**30, '.2f')} | {cell(ratio(peak, base and base[2]), '.3f')} | "
+        print(f"| {shape_name} | {name} | {model.num_params() / 1e6:.1f}M | {dt * 1000:.1f} | "
+              f"{tok_s:,.0f} | {cell(ratio(base and base[0], dt), '.3f')} | "
+              f"{model.estimate_mfu(tok_s, peak_flops):.1%} | "
+              f"{cell(peak and peak / 2**30, '.2f')} | "
+              f"{cell(ratio(peak, base and base[2]), '.3f')} | "
               f"{cell(compile_s, '.1f')} | {cell(ratio(compile_s, base and base[1]), '.2f')} | "
               f"{cell(routing_ms, '.1f')} | {floor_ms:.1f} |", flush=True)
         del model
