@@ -246,7 +246,11 @@ def static_mix_backward(dout: torch.Tensor, R: torch.Tensor, memory: torch.Tenso
             readers = slice((max(m, 1) - 1) * G, (L - 1) * G)
             column = weights[readers, m * G:(m + 1) * G]  # their R_l[:, m's heads]
             shares.append((column.t() @ grad_rows[readers]).view(memory.shape[1:]))
-    dR = dout @ memory[:S].view(S * G, -1).t()
+    # R's gradient, dout @ memory[:S*G]^T, one product per sequence of the batch, added up: in
+    # one piece, a product of so few rows over so many columns ran at half the speed on a CPU
+    B = memory.shape[2]
+    rows = memory[:S].view(S * G, B, -1).permute(1, 2, 0)  # (B, T*2*hs, S*G)
+    dR = torch.bmm(dout.view(G, B, -1).transpose(0, 1), rows).sum(0)
     return [dR] + [token_major_copy(share) for share in shares[first - S:]]
 
 
