@@ -132,10 +132,11 @@ def task_yaml(path, task, data_files, include=None, extra=''):
 
 
 @pytest.fixture(scope='module')
-def setup(tmp_path_factory):
+def setup(tmp_path_factory, gpt2):
     """A checkpoint of a tiny model, and a directory of task files: hellaswag_local (the harness's
     hellaswag on VAL, its few-shot examples from TRAIN), plain_local (a task of its own on PLAIN),
-    and Table 1's eight tasks by their own names, each on two lines of a local file."""
+    and Table 1's eight tasks by their own names, each on two lines of a local file. The model
+    reads GPT-2's tokens: offline, without GPT-2's files, the tests skip (conftest.py)."""
     root = tmp_path_factory.mktemp('lm_eval')
     torch.manual_seed(0)
     model = lime.GPT(lime.GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=BLOCK_SIZE,
