@@ -3,17 +3,17 @@ ablation.py: exercise 6's experiment, the paper's ablation of which layers LIMe 
 Static LIMe models whose routers read only the first k or only the last k earlier layers (your
 RestrictedRouter) train beside the full static router on Python's docs at byte level
 (data/pydoc_bytes, made if missing), several seeds each; it prints their validation bits per byte.
-From the repo root, about 5 minutes on two CPU cores with the defaults:
+From the repo root; with the defaults, 9 runs of about a CPU minute each:
 
     LIME_EXERCISES=exercises/student.py python -m exercises.ablation
     python -m exercises.ablation --k=4 --routers=none,all,first,last   # the repo's answer
 
 Every model of one seed starts from the same weights (its routers aside) and sees the same
-batches, so a difference within a seed is the routers'. What to expect: the paper's 150M model,
-trained on 42B tokens, reached 15.93 perplexity reading every layer, 15.96-15.99 reading the
-first 2, 4 or 6, and 16.14-16.28 reading the last ones (LLaMA: 16.46): 0.2% and 1-2% apart. A few
-CPU minutes of a model this small may show no difference beyond the spread across seeds; the
-table gives both, so read them side by side.
+batches, so a difference within a seed is the routers'. What to expect: the paper's 150M model
+reached 15.93 perplexity reading every layer, 15.96-15.99 reading the first 2, 4 or 6, and
+16.14-16.28 reading the last ones (LLaMA: 16.46): 0.2% and 1-2% apart. A few CPU minutes of a
+model this small may show no difference beyond the spread across seeds; the table gives both, so
+read them side by side (docs/walkthrough.md, section 10, has a run of it).
 """
 import math
 import os
@@ -132,7 +132,7 @@ def main():
 
     windows = (len(val_tokens) - 1) // block_size
     print(f"\nvalidation bits per byte after {max_iters} steps ({n_layer} layers, width {n_embd}; "
-          f"{windows * block_size:,} bytes of {data_dir}), k = {k}; lower is better")
+          f"{windows * block_size:,} targets of {data_dir}), k = {k}; lower is better")
     print('| seed | ' + ' | '.join(names) + ' |\n|---|' + '---|' * len(names))
     for i in range(seeds):
         print(f"| {i + 1} | " + ' | '.join(f"{results[n][i]:.4f}" for n in names) + ' |')
@@ -143,9 +143,10 @@ def main():
                 # Bits per byte differ as log-perplexities do: 2 ** (difference) is the ratio.
                 diffs = [b - a for a, b in zip(results['all'], results[name])]
                 lower = sum(d < 0 for d in diffs)
+                ratio = [100 * (2 ** diff - 1)
+                         for diff in (statistics.mean(diffs), min(diffs), max(diffs))]
                 print(f"{name} vs all: lower in {lower} of {seeds} seeds; per-byte perplexity "
-                      f"{100 * (2 ** statistics.mean(diffs) - 1):+.2f}% on average (from "
-                      f"{100 * (2 ** min(diffs) - 1):+.2f}% to {100 * (2 ** max(diffs) - 1):+.2f}%)")
+                      f"{ratio[0]:+.2f}% on average (from {ratio[1]:+.2f}% to {ratio[2]:+.2f}%)")
 
 
 if __name__ == '__main__':

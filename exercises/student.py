@@ -98,8 +98,9 @@ class RestrictedRouter(StaticRouter):
     StaticRouter's reset_parameters (the identity on the own layer, noise on the others) and
     mix_weights (top-p) serve it as they are, and GPT.configure_optimizers and
     GPT.flops_per_token count R as a static router's. forward(h, memory) gets the whole memory,
-    layers 0..l, as StaticRouter.forward does, and returns the mix, (B, T, 2, G, hs).
-    Then train it against the full static router: python -m exercises.ablation."""
+    layers 0..l, as StaticRouter.forward does, and returns the mix, (B, T, 2, G, hs). Then
+    train it against the full static router (docs/walkthrough.md, section 10, says what to expect):
+        LIME_EXERCISES=exercises/student.py python -m exercises.ablation"""
 
     def __init__(self, config, layer_idx, k, which):
         super().__init__(config, layer_idx)

@@ -66,7 +66,8 @@ def main():
         nb.cells.append(make(source, id=f'cell-{i}'))  # ids by place: a rewrite changes none
     folder = os.path.dirname(os.path.abspath(config['notebook']))  # where Jupyter would start
     client = NotebookClient(nb, timeout=config['timeout'], kernel_name='python3',
-                            resources={'metadata': {'path': folder}}, record_timing=False)
+                            resources={'metadata': {'path': folder}}, record_timing=False,
+                            coalesce_streams=True)  # one output per stream, however flushed
     try:
         client.execute()
     except CellExecutionError as e:

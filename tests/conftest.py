@@ -36,7 +36,7 @@ def gpt2_files_missing():
 
 @pytest.fixture(scope='session')
 def gpt2():
-    """GPT-2's tokenizer, tiktoken's encoding; the test skips, saying why, where it is not cached."""
+    """GPT-2's tokenizer, tiktoken's encoding; uncached, the test skips, saying why."""
     why = gpt2_files_missing()
     if why is not None:
         pytest.skip(why)

@@ -14,13 +14,16 @@ import functools
 import inspect
 import os
 import re
+import subprocess
+import sys
 import types
 
 import pytest
 import torch
 
 import lime
-from exercises import load
+import prepare
+from exercises import ROOT, ablation, load
 from lime import GPT, CausalSelfAttention, DynamicRouter, GPTConfig, StaticRouter
 
 EXERCISES = ['static_mix', 'dynamic_probs', 'router_cost', 'top_p_mask', 'cached_attention',
@@ -364,7 +367,8 @@ def check_RestrictedRouter(RestrictedRouter):
         expected = torch.einsum('gmh,btcmhd->btcgd', W, torch.stack(memory, dim=3))
         if max_diff(got, expected) > 1e-5:
             raise Wrong(f"{what}: its output is not one fixed mix of the memory's heads, the same "
-                        f"for every token, channel, key and value (off by {max_diff(got, expected):.3g})")
+                        "for every token, channel, key and value (off by "
+                        f"{max_diff(got, expected):.3g})")
         grads = torch.autograd.grad(got.sum(), list(router.parameters()), allow_unused=True) \
             if got.requires_grad else [None]
         if any(g is None or not g.abs().sum() > 0 for g in grads):
@@ -459,3 +463,38 @@ def test_student_file_has_each_exercise_with_the_answers_signature_and_docstring
         assert mine is not None, f"exercises/student.py has no {name}"
         assert inspect.signature(mine) == inspect.signature(theirs), f"{name}: signatures differ"
         assert mine.__doc__ == theirs.__doc__, f"{name}: student.py's docstring is not answers.py's"
+
+
+def test_ablation_starts_every_router_of_a_seed_from_the_same_other_weights():
+    RestrictedRouter = load('exercises/answers.py').RestrictedRouter
+    models = {name: ablation.build(name, 3, RestrictedRouter) for name in ablation.ROUTERS}
+    baseline = dict(models['none'].named_parameters())  # every weight but the routers'
+    for name, model in models.items():
+        weights = dict(model.named_parameters())
+        for key, weight in baseline.items():
+            assert torch.equal(weights[key], weight), (name, key)
+    routers = [r.weight.shape for r in models['first'].routers()]
+    assert routers[:2] == [(4, 8), (4, 12)] and routers[-1] == (4, 12)  # k = 2 earlier, and its own
+
+
+def test_ablation_trains_each_router_at_each_seed_and_compares_them(tmp_path):
+    data = tmp_path / 'data'
+    prepare.main(['--out_dir', str(data), '--workers', '1', '--tokenizer', 'bytes'])
+    tiny = [f'--data_dir={data}', '--n_layer=4', '--n_embd=32', '--block_size=32', '--batch_size=4',
+            '--max_iters=3', '--warmup_iters=1', '--seeds=2', '--k=1']
+    env = {**os.environ, 'OMP_NUM_THREADS': '1'}
+    result = subprocess.run([sys.executable, '-m', 'exercises.ablation', *tiny,
+                             '--routers=none,all,first,last'], capture_output=True, text=True,
+                            cwd=ROOT, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    for seed in (1, 2):
+        for name in ('none', 'all', 'first', 'last'):
+            assert any(line.startswith(f'seed {seed}, {name}: ') for line in lines), result.stdout
+    assert '| seed | none | all | first | last |' in lines and '| 2 | ' in result.stdout
+    assert any(line.startswith('first vs all: lower in ') for line in lines), result.stdout
+    unwritten = subprocess.run([sys.executable, '-m', 'exercises.ablation', *tiny,
+                                '--exercises=exercises/student.py'], capture_output=True,
+                               text=True, cwd=ROOT, env=env, timeout=300)
+    assert unwritten.returncode == 1 and unwritten.stderr.strip().splitlines()[-1] == (
+        "error: exercises/student.py: RestrictedRouter is not written yet (exercise 6)")
