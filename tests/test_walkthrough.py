@@ -1,6 +1,9 @@
 """
 Tests for docs/walkthrough.md: every Python block runs, in order, in one namespace, as a student
-types them from the repo root; and the page points at code by name, names that exist.
+types them at the prompt from the repo root, echoing nothing; the page points at code by name,
+names that exist; its figure is the README's; and its notebook, docs/walkthrough.ipynb, holds
+the same cells with their outputs, and runs in a Jupyter kernel (where the notebook's packages
+are installed).
 
     python -m pytest -q tests/test_walkthrough.py
 """
@@ -133,9 +136,10 @@ def test_readme_and_walkthrough_draw_the_same_data_flow():
     readme = (ROOT / 'README.md').read_text()
     figure = mermaid(WALKTHROUGH.read_text())
     assert len(figure) == 1 and mermaid(readme) == figure
-    # The figure names the code it draws: a rename shows up here.
-    for name in ('kv_proj', 'q_proj', 'o_proj', 'attn_norm', 'memory.append', 'KVCache'):
-        assert name in figure[0], name
+    # The figure names the code it draws, which must still be there.
+    model = (ROOT / 'lime.py').read_text()
+    for name in ('attn_norm', 'q_proj', 'kv_proj', 'memory.append', 'o_proj', 'KVCache'):
+        assert name in figure[0] and name in model, name
 
 
 def test_notebook_is_the_walkthrough_cell_for_cell_with_each_blocks_output():
