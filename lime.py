@@ -222,12 +222,13 @@ class CausalSelfAttention(nn.Module):
 
 def top_p_mask(weights, p):
     """1.0 for the smallest set of entries along the last dim that holds at least a share p of
-    the total (non-negative) weight, 0.0 elsewhere (paper v1's pruning of routing weights)."""
+    the total (non-negative) weight, 0.0 elsewhere (paper v1's pruning of routing weights).
+    Among equal weights the lower index ranks first; a row of zeros keeps every entry."""
     if p >= 1.0:
         return torch.ones_like(weights)  # keep all (the cumsum below could round just past 1)
     weights = weights.detach()  # the mask only selects: gradients flow through the kept weights
     share = weights / weights.sum(-1, keepdim=True).clamp_min(1e-30)
-    sorted_share, order = share.sort(dim=-1, descending=True)
+    sorted_share, order = share.sort(dim=-1, descending=True, stable=True)  # ties: lower index
     mass_before = sorted_share.cumsum(-1) - sorted_share  # the mass ranked above each entry
     keep = (mass_before < p).to(weights.dtype)  # keep entries until the kept mass reaches p
     return torch.zeros_like(keep).scatter(-1, order, keep)

@@ -6,7 +6,10 @@ LIME_EXERCISES=exercises/student.py. The docstrings are the exercises: the same 
     python -m pytest -q tests/test_exercises.py
 """
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
+
+from lime import StaticRouter
 
 
 def static_mix(R, memory):
@@ -66,15 +69,20 @@ def top_p_mask(weights, p):
     weights: (..., S), non-negative, not necessarily summing to 1; p in (0, 1]. For each row
     (the last dim) the mask is 1.0 on the smallest set of entries whose share of the row's total
     reaches at least p, and 0.0 elsewhere: keep the largest entries, largest first, until the
-    kept share reaches p. p = 1 keeps every entry. Returns a tensor of weights' shape and dtype
-    and leaves weights unchanged."""
+    kept share reaches p. Among equal entries the one of lower index ranks first (so [1, 1, 1, 1]
+    at p = 0.5 keeps [1, 1, 0, 0]); a row of zeros keeps every entry. p = 1 keeps every entry.
+    Returns a tensor of weights' shape and dtype and leaves weights unchanged."""
     if p >= 1.0:
         return torch.ones_like(weights)  # a sum of shares can round to just below 1
-    share = weights / weights.sum(-1, keepdim=True)
-    # Keep an entry while the entries larger than it hold less than p: then the kept set is the
-    # largest entries, up to and including the one that takes the kept share to p.
+    # A row of zeros has shares of 0 (not 0 / 0), so nothing ranks above any entry: all kept.
+    share = weights / weights.sum(-1, keepdim=True).clamp_min(1e-30)
+    # Keep an entry while the entries ranked above it hold less than p: then the kept set is the
+    # largest entries, up to and including the one that takes the kept share to p. Entry j ranks
+    # above entry i when it is larger, or equal and of lower index.
+    index = torch.arange(weights.size(-1), device=weights.device)
     larger = share[..., None, :] > share[..., :, None]  # (..., S, S): [i, j] = j is larger than i
-    mass_above = (share[..., None, :] * larger).sum(-1)  # (..., S)
+    tied_before = (share[..., None, :] == share[..., :, None]) & (index < index[:, None])
+    mass_above = (share[..., None, :] * (larger | tied_before)).sum(-1)  # (..., S)
     return (mass_above < p).to(weights.dtype)
 
 
@@ -109,3 +117,32 @@ def cached_attention(attn, h, rotary, memory, past):
     # One query and every key up to it: no mask (is_causal would hide all but the first key).
     y = F.scaled_dot_product_attention(q, k, v, enable_gqa=attn.n_kv_head != attn.n_head)
     return attn.o_proj(y.transpose(1, 2).reshape(B, T, -1)), (k, v)
+
+
+class RestrictedRouter(StaticRouter):
+    """Exercise 6 (past the code): the paper's ablation of which layers LIMe reads. Its 150M model
+    had routers that read only the first or only the last 2, 4 or 6 layers; lime.py has no such
+    router. This one is StaticRouter's mix over fewer sources: layer l = layer_idx reads its own
+    keys/values and those of k >= 1 earlier layers only, the first k (which='first': layers
+    0..k-1) or the last k (which='last': layers l-k..l-1); all earlier layers where fewer than k
+    come before l (then it is a StaticRouter).
+
+    Subclass lime.StaticRouter and give it a weight R of shape (G, S * G) for the S layers it
+    reads, their columns layer by layer in increasing order (its own layer last): then
+    StaticRouter's reset_parameters (the identity on the own layer, noise on the others) and
+    mix_weights (top-p) serve it as they are, and GPT.configure_optimizers and
+    GPT.flops_per_token count R as a static router's. forward(h, memory) gets the whole memory,
+    layers 0..l, as StaticRouter.forward does, and returns the mix, (B, T, 2, G, hs). Then
+    train it against the full static router (docs/walkthrough.md, section 10, says what to expect):
+        LIME_EXERCISES=exercises/student.py python -m exercises.ablation"""
+
+    def __init__(self, config, layer_idx, k, which):
+        super().__init__(config, layer_idx)
+        earlier = list(range(layer_idx))  # the layers before this one
+        self.sources = (earlier[:k] if which == 'first' else earlier[-k:]) + [layer_idx]
+        G = config.n_kv_head
+        self.weight = nn.Parameter(torch.empty(G, len(self.sources) * G))  # R over those only
+
+    def forward(self, h, memory):  # memory: l + 1 tensors (B, T, 2, G, hs), layers 0..l
+        read = [memory[m] for m in self.sources]  # S tensors, in R's column order
+        return self.mix_weights() @ torch.cat(read, dim=3)  # (B, T, 2, G, hs)

@@ -1,9 +1,10 @@
 """
-Exercises on LIMe: five functions to write, from easy to hard. Read docs/walkthrough.md first:
-it walks through lime.py in the order these exercises follow. Replace each
-`raise NotImplementedError` with your answer; the docstring says what the function must do. Use
-torch and lime.py's parts the docstring names, but not the function the exercise rebuilds.
-Check your answers from the repo root (each failure says what is wrong), all five or one:
+Exercises on LIMe: five functions to write, from easy to hard, then a router that lime.py does
+not have (exercise 6), with an experiment to run on it. Read docs/walkthrough.md first: it walks
+through lime.py in the order these exercises follow. Replace each `raise NotImplementedError`
+with your answer; the docstring says what the function must do. Use torch and lime.py's parts
+the docstring names, but not the function the exercise rebuilds. Check your answers from the
+repo root (each failure says what is wrong), all six or one:
 
     LIME_EXERCISES=exercises/student.py python -m pytest -q tests/test_exercises.py
     LIME_EXERCISES=exercises/student.py python -m pytest -q tests/test_exercises.py -k static_mix
@@ -11,7 +12,10 @@ Check your answers from the repo root (each failure says what is wrong), all fiv
 The repo's answers are in exercises/answers.py: look once yours pass, or when stuck.
 """
 import torch  # noqa: F401  for your answers
+import torch.nn as nn  # noqa: F401
 import torch.nn.functional as F  # noqa: F401
+
+from lime import StaticRouter
 
 
 def static_mix(R, memory):
@@ -57,8 +61,9 @@ def top_p_mask(weights, p):
     weights: (..., S), non-negative, not necessarily summing to 1; p in (0, 1]. For each row
     (the last dim) the mask is 1.0 on the smallest set of entries whose share of the row's total
     reaches at least p, and 0.0 elsewhere: keep the largest entries, largest first, until the
-    kept share reaches p. p = 1 keeps every entry. Returns a tensor of weights' shape and dtype
-    and leaves weights unchanged."""
+    kept share reaches p. Among equal entries the one of lower index ranks first (so [1, 1, 1, 1]
+    at p = 0.5 keeps [1, 1, 0, 0]); a row of zeros keeps every entry. p = 1 keeps every entry.
+    Returns a tensor of weights' shape and dtype and leaves weights unchanged."""
     raise NotImplementedError
 
 
@@ -78,3 +83,28 @@ def cached_attention(attn, h, rotary, memory, past):
     attends to every token so far, itself included; for each of them the cache must hold what
     a full forward pass over the whole sequence attends over at this layer."""
     raise NotImplementedError
+
+
+class RestrictedRouter(StaticRouter):
+    """Exercise 6 (past the code): the paper's ablation of which layers LIMe reads. Its 150M model
+    had routers that read only the first or only the last 2, 4 or 6 layers; lime.py has no such
+    router. This one is StaticRouter's mix over fewer sources: layer l = layer_idx reads its own
+    keys/values and those of k >= 1 earlier layers only, the first k (which='first': layers
+    0..k-1) or the last k (which='last': layers l-k..l-1); all earlier layers where fewer than k
+    come before l (then it is a StaticRouter).
+
+    Subclass lime.StaticRouter and give it a weight R of shape (G, S * G) for the S layers it
+    reads, their columns layer by layer in increasing order (its own layer last): then
+    StaticRouter's reset_parameters (the identity on the own layer, noise on the others) and
+    mix_weights (top-p) serve it as they are, and GPT.configure_optimizers and
+    GPT.flops_per_token count R as a static router's. forward(h, memory) gets the whole memory,
+    layers 0..l, as StaticRouter.forward does, and returns the mix, (B, T, 2, G, hs). Then
+    train it against the full static router (docs/walkthrough.md, section 10, says what to expect):
+        LIME_EXERCISES=exercises/student.py python -m exercises.ablation"""
+
+    def __init__(self, config, layer_idx, k, which):
+        super().__init__(config, layer_idx)
+        raise NotImplementedError
+
+    def forward(self, h, memory):
+        raise NotImplementedError

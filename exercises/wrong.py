@@ -1,12 +1,16 @@
 """
-One typical wrong answer per exercise, each a near miss of exercises/answers.py. They are not
-for students: tests/test_exercises.py runs its checks on them to prove that each check can
-fail, and fails with a message that says what is wrong.
+Typical wrong answers to the exercises, each a near miss of exercises/answers.py, named for its
+exercise (with what it gets wrong after the name where an exercise has several). They are not
+for students: tests/test_exercises.py runs its checks on them to prove that each check can fail,
+and fails with a message that says what is wrong.
 
     python -m pytest -q tests/test_exercises.py -k wrong
 """
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
+
+from lime import StaticRouter
 
 
 def static_mix(R, memory):
@@ -46,6 +50,26 @@ def top_p_mask(weights, p):
     return torch.zeros_like(keep).scatter(-1, order, keep)
 
 
+def top_p_mask_keeps_every_tie(weights, p):
+    """Keeps an entry while the entries strictly larger hold less than p: every entry tied with
+    the last one kept is kept too ([1, 1, 1, 1] at p = 0.5 keeps all four, not two)."""
+    if p >= 1.0:
+        return torch.ones_like(weights)
+    share = weights / weights.sum(-1, keepdim=True)
+    larger = share[..., None, :] > share[..., :, None]
+    return ((share[..., None, :] * larger).sum(-1) < p).to(weights.dtype)
+
+
+def top_p_mask_keeps_no_zero_row(weights, p):
+    """Right on ties (a stable sort), but a row of zeros has shares 0 / 0 = nan, and keeps none."""
+    if p >= 1.0:
+        return torch.ones_like(weights)
+    share = weights / weights.sum(-1, keepdim=True)
+    sorted_share, order = share.sort(dim=-1, descending=True, stable=True)
+    keep = (sorted_share.cumsum(-1) - sorted_share < p).to(weights.dtype)
+    return torch.zeros_like(keep).scatter(-1, order, keep)
+
+
 def cached_attention(attn, h, rotary, memory, past):
     """Caches the layer's own keys and values, as a plain transformer does, and routes only the
     new token's: right for the first token, wrong for every later one in a LIMe model."""
@@ -66,3 +90,30 @@ def cached_attention(attn, h, rotary, memory, past):
         own_k, own_v = torch.cat((past[0], own_k), dim=2), torch.cat((past[1], own_v), dim=2)
     y = F.scaled_dot_product_attention(q, k, v, enable_gqa=attn.n_kv_head != attn.n_head)
     return attn.o_proj(y.transpose(1, 2).reshape(B, T, -1)), (own_k, own_v)
+
+
+class RestrictedRouter(StaticRouter):
+    """Counts its own layer among the last k: which='last' reads k - 1 earlier layers, not k."""
+
+    def __init__(self, config, layer_idx, k, which):
+        super().__init__(config, layer_idx)
+        layers = list(range(layer_idx + 1))
+        self.sources = layers[:k] + [layer_idx] if which == 'first' else layers[-k:]
+        self.sources = sorted(set(self.sources))
+        G = config.n_kv_head
+        self.weight = nn.Parameter(torch.empty(G, len(self.sources) * G))
+
+    def forward(self, h, memory):
+        return self.mix_weights() @ torch.cat([memory[m] for m in self.sources], dim=3)
+
+
+class RestrictedRouterWithoutItsOwnLayer(RestrictedRouter):
+    """which='first' reads the first k layers and not its own: the identity of the init lands on
+    layer k - 1, and the layer's own keys and values are lost."""
+
+    def __init__(self, config, layer_idx, k, which):
+        super().__init__(config, layer_idx, k, which)
+        if which == 'first':
+            self.sources = list(range(min(k, layer_idx + 1)))
+            G = config.n_kv_head
+            self.weight = nn.Parameter(torch.empty(G, len(self.sources) * G))

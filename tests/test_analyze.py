@@ -327,11 +327,11 @@ def sentences(n, seed=0):
 
 
 @pytest.fixture(scope='module')
-def gpt2_checkpoints(tmp_path_factory):
+def gpt2_checkpoints(tmp_path_factory, gpt2):
     """(root, comma-separated checkpoint dirs): untrained tiny models of GPT-2's vocabulary (routers
     'none' and 'dynamic'), and in root/data a validation shard of sentences(400), ~2,000 tokens."""
     root = tmp_path_factory.mktemp('probe')
-    enc = prepare.gpt2_encoding()
+    enc = gpt2
     os.makedirs(root / 'data')
     prepare.write_shard(str(root / 'data' / 'text_val_000000.bin'), enc.encode_ordinary(sentences(400)))
     out_dirs = []
@@ -386,7 +386,7 @@ def test_probe_skips_checkpoints_of_another_vocabulary_with_a_note(checkpoints, 
 
 def test_probe_with_too_few_examples_of_a_token_is_skipped_with_a_note(gpt2_checkpoints, tmp_path, capsys):
     root, out_dirs = gpt2_checkpoints
-    enc = prepare.gpt2_encoding()
+    enc = prepare.gpt2_encoding()  # cached: gpt2_checkpoints skips the test where it is not
     # At the start: the shard's last tokens, short of a whole chunk, are not read.
     text = ' They were here. We were late. They were red.' + sentences(400).replace(' were', ' had')
     prepare.write_shard(str(tmp_path / 'text_val_000000.bin'), enc.encode_ordinary(text))

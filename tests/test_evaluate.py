@@ -47,10 +47,10 @@ def write_jsonl(path, records):
 
 
 @pytest.fixture(scope='module')
-def trained(tmp_path_factory):
+def trained(tmp_path_factory, gpt2):
     """A tiny model trained on the facts, scoring the task every 20 steps, and its data and task."""
     root = tmp_path_factory.mktemp('evaluate')
-    enc = prepare.gpt2_encoding()
+    enc = gpt2
     tokens = [prepare.EOT] + enc.encode_ordinary(FACTS * 60)
     (root / 'data').mkdir()
     prepare.write_shard(root / 'data' / 'facts_val_000000.bin', tokens[:300])
@@ -132,11 +132,11 @@ def test_the_shots_are_the_harness_draw_one_generator_in_the_examples_order():
         for drawn, example in zip(hand, task)]
 
 
-def test_padding_and_batching_give_the_scores_of_one_ending_at_a_time():
+def test_padding_and_batching_give_the_scores_of_one_ending_at_a_time(gpt2):
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=8, vocab_size=50257,
                           router='dynamic')).eval()
-    enc = prepare.gpt2_encoding()
+    enc = gpt2
     example = ('The weather today is', ['sunny.', 'cold and wet, with rain all day long.', 'x'], 0)
     rows = evaluate.encode_example(enc, example, block_size=8)
     rows += evaluate.encode_example(enc, example, block_size=8, protocol='harness')
@@ -150,10 +150,10 @@ def test_padding_and_batching_give_the_scores_of_one_ending_at_a_time():
             torch.testing.assert_close(batched[1][i], alone[1][0])
 
 
-def test_bits_per_byte_equals_a_hand_computation():
+def test_bits_per_byte_equals_a_hand_computation(gpt2):
     torch.manual_seed(0)
     model = GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=8, vocab_size=50257)).eval()
-    enc = prepare.gpt2_encoding()
+    enc = gpt2
     docs = [enc.encode_ordinary(text) for text in ("Café naïve — déjà vu.", "A second one, in ASCII.")]
     tokens = np.array([prepare.EOT, *docs[0], prepare.EOT, *docs[1]], dtype=np.uint16)
     byte_lengths = torch.from_numpy(prepare.token_bytes(50257, '')[0])
@@ -229,7 +229,7 @@ COSTS = {'.': 2, ',': 2, ' [': 6, 'sub': 6, 'steps': 6, ']': 6, **dict.fromkeys(
          **dict.fromkeys([' waves', ' falls', ' Dance', ' Sing'], 40)}
 
 
-def test_the_two_protocols_pick_the_endings_worked_out_by_hand(tmp_path):
+def test_the_two_protocols_pick_the_endings_worked_out_by_hand(tmp_path, gpt2):
     # Each ending's summed loss is the sum of its tokens' costs (the leading space rides on the
     # first word: ' stops' '.'). acc picks the least sum; acc_norm the least sum per token
     # (build-nanogpt) or per character of the ending, its leading space not counted (harness).
@@ -252,7 +252,7 @@ def test_the_two_protocols_pick_the_endings_worked_out_by_hand(tmp_path):
     #   marker, 52 nats, ending 0 would lose by either measure: 52 > 36, 52/40 chars = 1.30 > 1.09).
     # The labels (1, 0) make build-nanogpt right on none, the harness on 1 (acc) and 2 (acc_norm).
     path = write_jsonl(tmp_path / 'hellaswag_val.jsonl', [ROOF, WALL])
-    model = FixedCosts(prepare.gpt2_encoding(), COSTS)
+    model = FixedCosts(gpt2, COSTS)
     cases = {'build-nanogpt': ([[6, 30, 42, 42], [52, 36, 42, 42]], [(0, 0), (1, 1)], (0, 0)),
              'harness': ([[6, 30, 42, 42], [28, 36, 42, 42]], [(0, 1), (0, 0)], (1, 2))}
     for protocol, (sums, picks, counts) in cases.items():
@@ -285,8 +285,8 @@ def test_hellaswag_lines_are_rewritten_by_the_harness_only_and_shots_follow_it(t
         evaluate.read_examples(bare, 'harness')
 
 
-def test_a_context_ending_in_whitespace_scores_the_word_with_its_space():
-    enc = prepare.gpt2_encoding()
+def test_a_context_ending_in_whitespace_scores_the_word_with_its_space(gpt2):
+    enc = gpt2
     example = ('Bob climbs the ladder and he ', ['starts', 'stops'], 0)
 
     def scored(protocol):  # the context's tokens and the first ending's scored pieces

@@ -11,38 +11,27 @@ reject each with the message that names its mistake: a check that cannot fail pr
 """
 import dataclasses
 import functools
-import importlib.util
 import inspect
 import os
 import re
+import subprocess
+import sys
 import types
-from pathlib import Path
 
 import pytest
 import torch
 
 import lime
+import prepare
+from exercises import ROOT, ablation, load
 from lime import GPT, CausalSelfAttention, DynamicRouter, GPTConfig, StaticRouter
 
-ROOT = Path(__file__).resolve().parents[1]
-EXERCISES = ['static_mix', 'dynamic_probs', 'router_cost', 'top_p_mask', 'cached_attention']
+EXERCISES = ['static_mix', 'dynamic_probs', 'router_cost', 'top_p_mask', 'cached_attention',
+             'RestrictedRouter']
 
 
 class Wrong(AssertionError):
     """An answer failed a check; the message says what is wrong."""
-
-
-def load(path):
-    """The Python file at path (relative to the working directory or to the repo root)."""
-    path = Path(path)
-    if not path.exists():
-        path = ROOT / path
-    if not path.is_file():
-        raise FileNotFoundError(f"no exercises file at {path} (LIME_EXERCISES names it)")
-    spec = importlib.util.spec_from_file_location(f'exercises_{path.stem}', path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def max_diff(a, b):
@@ -180,14 +169,8 @@ def check_top_p_mask(top_p_mask):
     share = weights / weights.sum(-1, keepdim=True)
     for p in (0.3, 0.6, 0.9, 1.0):
         what = f"top_p_mask(weights, {p}) on weights of shape (6, 3, 7)"
-        original = weights.clone()
-        got = top_p_mask(weights, p)
-        if not torch.equal(weights, original):
-            raise Wrong(f"{what} changed its input weights: work on a copy")
-        check_shape(what, got, weights.shape, "the shape of weights")
-        if not torch.all((got == 0) | (got == 1)):
-            raise Wrong(f"{what} holds values other than 0.0 and 1.0")
-        got = got.to(weights.dtype)
+        got = top_p_result(top_p_mask, weights, p, what)
+        check_zeros_and_ones(what, got)
         kept = (share * got).sum(-1)
         if torch.any(kept < p - 1e-6):
             raise Wrong(f"{what}: in some rows the kept entries hold only {kept.min():.3f} of the "
@@ -203,6 +186,56 @@ def check_top_p_mask(top_p_mask):
                         "entries first, and stop once they reach p")
         if not torch.equal(got, expected):
             raise Wrong(f"{what}: it keeps as many entries as it should, but not the largest ones")
+    for what, row, p in tied_rows():
+        got = top_p_result(top_p_mask, row, p, what)
+        check_zeros_and_ones(what, got)
+        expected = lime.top_p_mask(row, p)
+        if not torch.equal(got, expected):
+            raise Wrong(f"{what} keeps entries {kept_indices(got)}, but lime.top_p_mask keeps "
+                        f"{kept_indices(expected)}: among equal weights the lower index ranks "
+                        "first, and the kept share stops once it reaches p")
+    weights[2, 1] = weights[4, 0] = 0.0  # two rows of zeros among the others
+    what = "top_p_mask(weights, 0.5) where rows [2, 1] and [4, 0] are all zeros"
+    got = top_p_result(top_p_mask, weights, 0.5, what)
+    for row in ((2, 1), (4, 0)):
+        if not torch.equal(got[row], torch.ones(7)):
+            raise Wrong(f"{what}: row {list(row)} gives {got[row].tolist()}; a row of zeros keeps "
+                        "every entry, as lime.top_p_mask does (its shares are 0, not 0 / 0: "
+                        "nothing in it outranks anything)")
+    check_zeros_and_ones(what, got)
+    if not torch.equal(got, lime.top_p_mask(weights, 0.5)):
+        raise Wrong(f"{what}: the rows of zeros keep every entry, but the other rows are wrong")
+
+
+def top_p_result(top_p_mask, weights, p, what):
+    """top_p_mask(weights, p), checked for its shape and for leaving weights as they were."""
+    original = weights.clone()
+    got = top_p_mask(weights, p)
+    if not torch.equal(weights, original):
+        raise Wrong(f"{what} changed its input weights: work on a copy")
+    check_shape(what, got, weights.shape, "the shape of weights")
+    return got
+
+
+def check_zeros_and_ones(what, got):
+    if not torch.all((got == 0) | (got == 1)):
+        raise Wrong(f"{what} holds values other than 0.0 and 1.0")
+
+
+def tied_rows():
+    """(what, weights, p) with equal weights, where the tie rule decides what is kept."""
+    router = DynamicRouter(GPTConfig(n_head=1, n_embd=8, router='dynamic', router_top_p=0.95), 3)
+    router.reset_parameters()
+    at_init = router.proj.bias.detach().softmax(-1)  # the own layer's 0.855, the others tied
+    return [("top_p_mask([1.0] * 4, 0.5)", torch.ones(4), 0.5),
+            ("top_p_mask([1.0] * 40, 0.5)", torch.ones(40), 0.5),
+            ("top_p_mask([0.1, 0.3, 0.3, 0.3], 0.5)", torch.tensor([0.1, 0.3, 0.3, 0.3]), 0.5),
+            ("top_p_mask on a dynamic router's weights at init, router_top_p=0.95, layer 3",
+             at_init, 0.95)]
+
+
+def kept_indices(mask):
+    return mask.nonzero().flatten().tolist()
 
 
 # Weights larger than the init's (std 0.02) make attention and routing peaked: a wrong cache or
@@ -281,6 +314,67 @@ def decode_with(cached_attention, model, idx, router):
     return torch.cat([model(idx[:, t:t + 1])[0] for t in range(T)], dim=1)  # (B, T, vocab)
 
 
+def restricted_sources(layer_idx, k, which):
+    """The layers RestrictedRouter(config, layer_idx, k, which) reads, and the rule in words."""
+    earlier = list(range(layer_idx))
+    if which == 'first':
+        return earlier[:k] + [layer_idx], f"the first k = {k} layers, and layer {layer_idx} itself"
+    return earlier[-k:] + [layer_idx], (f"the k = {k} layers just before layer {layer_idx}, and "
+                                        f"layer {layer_idx} itself")
+
+
+def mix_matrix(router, G, S):
+    """(G, S, G): the weight the router gives head h of layer m in output head g, read off its
+    output for memories that hold a 1 at one (layer, head) and 0 elsewhere."""
+    columns = []
+    with torch.no_grad():
+        for m in range(S):
+            for h in range(G):
+                memory = [torch.zeros(1, 1, 2, G, 1) for _ in range(S)]
+                memory[m][..., h, :] = 1.0
+                columns.append(router(None, memory)[0, 0, 0, :, 0])  # (G,): output head g
+    return torch.stack(columns, dim=1).view(G, S, G)
+
+
+def check_RestrictedRouter(RestrictedRouter):
+    B, T, hs = 2, 3, 4
+    for G, layer_idx, k, which in ((2, 5, 2, 'first'), (2, 5, 2, 'last'), (1, 4, 3, 'last'),
+                                   (2, 6, 1, 'first'), (2, 2, 3, 'first'), (1, 2, 4, 'last')):
+        config = GPTConfig(n_layer=layer_idx + 1, n_head=G, n_embd=2 * hs * G)
+        what = f"RestrictedRouter(config, {layer_idx}, k={k}, which={which!r}) with G={G}"
+        router = RestrictedRouter(config, layer_idx, k, which)
+        if not isinstance(router, StaticRouter):
+            raise Wrong(f"{what} is not a lime.StaticRouter: subclass it, and its reset_parameters "
+                        "and mix_weights serve yours as they are")
+        router.reset_parameters()
+        S = layer_idx + 1
+        W = mix_matrix(router, G, S)  # (G, S, G)
+        read = [m for m in range(S) if W[:, m].abs().sum() > 0]
+        sources, rule = restricted_sources(layer_idx, k, which)
+        if read != sources:
+            raise Wrong(f"{what} reads layers {read}; it should read {sources}: {rule}")
+        params = sum(p.numel() for p in router.parameters())
+        if params != G * len(sources) * G:
+            raise Wrong(f"{what} holds {params} numbers; R for the {len(sources)} layers it reads "
+                        f"holds G * S * G = {G * len(sources) * G}: give it only those columns")
+        if not torch.equal(W[:, layer_idx], torch.eye(G)):
+            raise Wrong(f"{what}: at init its own layer's block of R is not the identity "
+                        "(StaticRouter.reset_parameters puts it in the last G columns: put the "
+                        "own layer's columns last)")
+        memory = [torch.randn(B, T, 2, G, hs) for _ in range(S)]
+        got = router(None, memory)
+        check_shape(what, got, (B, T, 2, G, hs), "(B, T, 2, G, hs), like one layer's kv")
+        expected = torch.einsum('gmh,btcmhd->btcgd', W, torch.stack(memory, dim=3))
+        if max_diff(got, expected) > 1e-5:
+            raise Wrong(f"{what}: its output is not one fixed mix of the memory's heads, the same "
+                        "for every token, channel, key and value (off by "
+                        f"{max_diff(got, expected):.3g})")
+        grads = torch.autograd.grad(got.sum(), list(router.parameters()), allow_unused=True) \
+            if got.requires_grad else [None]
+        if any(g is None or not g.abs().sum() > 0 for g in grads):
+            raise Wrong(f"{what}: no gradient reaches its weight R from its output")
+
+
 CHECKS = {name: globals()[f'check_{name}'] for name in EXERCISES}
 
 
@@ -322,20 +416,35 @@ def test_answer_passes_the_check(name):
     check(load(path), name, path)
 
 
-# Part of the message each check must give the typical wrong answer in exercises/wrong.py.
-WRONG_MESSAGES = {
-    'static_mix': "so look at the order: R's columns go layer by layer",
-    'dynamic_probs': "must sum to 1 over the S source layers",
-    'router_cost': "Your mix's part is half of it",
-    'top_p_mask': "less than p",
-    'cached_attention': "look at what the cache keeps for past tokens",
+# Each answer in exercises/wrong.py: (its exercise, part of the message the check must give it).
+WRONG_ANSWERS = {
+    'static_mix': ('static_mix', "so look at the order: R's columns go layer by layer"),
+    'dynamic_probs': ('dynamic_probs', "must sum to 1 over the S source layers"),
+    'router_cost': ('router_cost', "Your mix's part is half of it"),
+    'top_p_mask': ('top_p_mask', "less than p"),
+    'top_p_mask_keeps_every_tie': ('top_p_mask', "among equal weights the lower index ranks first"),
+    'top_p_mask_keeps_no_zero_row': ('top_p_mask', "a row of zeros keeps every entry"),
+    'cached_attention': ('cached_attention', "look at what the cache keeps for past tokens"),
+    'RestrictedRouter': ('RestrictedRouter', "reads layers [4, 5]; it should read [3, 4, 5]"),
+    'RestrictedRouterWithoutItsOwnLayer': ('RestrictedRouter',
+                                           "reads layers [0, 1]; it should read [0, 1, 5]"),
 }
 
 
-@pytest.mark.parametrize('name', EXERCISES)
-def test_check_rejects_the_typical_wrong_answer(name):
-    with pytest.raises(pytest.fail.Exception, match=re.escape(WRONG_MESSAGES[name])):
-        check(load('exercises/wrong.py'), name, 'exercises/wrong.py')
+@pytest.mark.parametrize('wrong', WRONG_ANSWERS)
+def test_check_rejects_the_typical_wrong_answer(wrong):
+    exercise, message = WRONG_ANSWERS[wrong]
+    answers = types.SimpleNamespace(**{exercise: getattr(load('exercises/wrong.py'), wrong)})
+    with pytest.raises(pytest.fail.Exception, match=re.escape(message)):
+        check(answers, exercise, 'exercises/wrong.py')
+
+
+def test_every_wrong_answer_is_checked_and_every_exercise_has_one():
+    wrong = load('exercises/wrong.py')
+    defined = {name for name, value in vars(wrong).items()
+               if callable(value) and getattr(value, '__module__', None) == wrong.__name__}
+    assert defined == set(WRONG_ANSWERS)
+    assert {exercise for exercise, _ in WRONG_ANSWERS.values()} == set(EXERCISES)
 
 
 def test_an_unwritten_exercise_says_not_written_yet():
@@ -354,3 +463,38 @@ def test_student_file_has_each_exercise_with_the_answers_signature_and_docstring
         assert mine is not None, f"exercises/student.py has no {name}"
         assert inspect.signature(mine) == inspect.signature(theirs), f"{name}: signatures differ"
         assert mine.__doc__ == theirs.__doc__, f"{name}: student.py's docstring is not answers.py's"
+
+
+def test_ablation_starts_every_router_of_a_seed_from_the_same_other_weights():
+    RestrictedRouter = load('exercises/answers.py').RestrictedRouter
+    models = {name: ablation.build(name, 3, RestrictedRouter) for name in ablation.ROUTERS}
+    baseline = dict(models['none'].named_parameters())  # every weight but the routers'
+    for name, model in models.items():
+        weights = dict(model.named_parameters())
+        for key, weight in baseline.items():
+            assert torch.equal(weights[key], weight), (name, key)
+    routers = [r.weight.shape for r in models['first'].routers()]
+    assert routers[:2] == [(4, 8), (4, 12)] and routers[-1] == (4, 12)  # k = 2 earlier, and its own
+
+
+def test_ablation_trains_each_router_at_each_seed_and_compares_them(tmp_path):
+    data = tmp_path / 'data'
+    prepare.main(['--out_dir', str(data), '--workers', '1', '--tokenizer', 'bytes'])
+    tiny = [f'--data_dir={data}', '--n_layer=4', '--n_embd=32', '--block_size=32', '--batch_size=4',
+            '--max_iters=3', '--warmup_iters=1', '--seeds=2', '--k=1']
+    env = {**os.environ, 'OMP_NUM_THREADS': '1'}
+    result = subprocess.run([sys.executable, '-m', 'exercises.ablation', *tiny,
+                             '--routers=none,all,first,last'], capture_output=True, text=True,
+                            cwd=ROOT, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    for seed in (1, 2):
+        for name in ('none', 'all', 'first', 'last'):
+            assert any(line.startswith(f'seed {seed}, {name}: ') for line in lines), result.stdout
+    assert '| seed | none | all | first | last |' in lines and '| 2 | ' in result.stdout
+    assert any(line.startswith('first vs all: lower in ') for line in lines), result.stdout
+    unwritten = subprocess.run([sys.executable, '-m', 'exercises.ablation', *tiny,
+                                '--exercises=exercises/student.py'], capture_output=True,
+                               text=True, cwd=ROOT, env=env, timeout=300)
+    assert unwritten.returncode == 1 and unwritten.stderr.strip().splitlines()[-1] == (
+        "error: exercises/student.py: RestrictedRouter is not written yet (exercise 6)")

@@ -132,10 +132,11 @@ def task_yaml(path, task, data_files, include=None, extra=''):
 
 
 @pytest.fixture(scope='module')
-def setup(tmp_path_factory):
+def setup(tmp_path_factory, gpt2):
     """A checkpoint of a tiny model, and a directory of task files: hellaswag_local (the harness's
     hellaswag on VAL, its few-shot examples from TRAIN), plain_local (a task of its own on PLAIN),
-    and Table 1's eight tasks by their own names, each on two lines of a local file."""
+    and Table 1's eight tasks by their own names, each on two lines of a local file. The model
+    reads GPT-2's tokens: offline, without GPT-2's files, the tests skip (conftest.py)."""
     root = tmp_path_factory.mktemp('lm_eval')
     torch.manual_seed(0)
     model = lime.GPT(lime.GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=BLOCK_SIZE,
@@ -329,7 +330,7 @@ def test_table1_runs_its_eight_tasks_on_local_files(setup):
     assert lines[0].startswith(f"Table 1: {setup / 'run'} (step 7, router static, float32), 1-shot")
     for task in FORMATS:
         assert any(line.startswith(task + ' ') for line in lines), result.stdout
-    assert 'ours only' in result.stdout  # the paper's rows are not recorded
+    assert 'LIMe Static' in lines[1] and lines[2].split()[-4:] == ['69.5', '70.1', '72.7', '71.1']
     # Offline, a task whose data is neither cached nor local: one line, with what to do.
     result = subprocess.run([sys.executable, '-m', 'lab.table1', f"--out_dir={setup / 'run'}",
                              '--tasks=sciq', '--device=cpu'], capture_output=True, text=True,
@@ -337,6 +338,22 @@ def test_table1_runs_its_eight_tasks_on_local_files(setup):
     last = result.stderr.strip().splitlines()[-1]  # after the harness's own log lines
     assert result.returncode == 1 and last.startswith('error: sciq: could not load'), last
     assert '--include_path' in last
+
+
+def test_table1_prints_the_papers_four_rows_beside_ours_task_by_task():
+    from lab import table1
+    tasks = {name: {'acc': 0.5, 'acc_stderr': 0.01, 'examples': 10} for name in FORMATS}
+    scores = {'out_dir': 'out/x', 'step': 1, 'router': 'static', 'dtype': 'float32',
+              'num_fewshot': 1, 'lm_eval': '0.4.13', 'tasks': tasks,
+              'mean': {'acc': 0.5, 'acc_norm_else_acc': 0.5}}
+    lines = table1.table(scores)
+    assert lines[1].split()[-6:] == ['LLaMA', 'HC', 'LIMe', 'Dynamic', 'LIMe', 'Static']
+    rows = {line.split()[0]: line.split()[-4:] for line in lines[2:11]}
+    assert rows['arc_easy'] == ['69.5', '70.1', '72.7', '71.1']  # the paper's ARC-E column
+    assert rows['winogrande'] == ['55.2', '53.0', '53.1', '56.2']
+    assert rows['piqa'] == ['72.5', '73.5', '72.9', '72.2']
+    assert rows['mean'] == ['57.7', '57.6', '58.4', '58.3']  # the paper's Avg
+    assert list(rows) == list(FORMATS) + ['mean']
 
 
 def test_without_lm_eval_one_line_says_how_to_install_it(tmp_path):

@@ -40,6 +40,14 @@ def test_top_p_mask_keeps_the_smallest_set_reaching_p():
         assert torch.all(mask.sum(-1) >= 1)
 
 
+def test_top_p_mask_breaks_ties_toward_the_lower_index_and_keeps_all_of_a_zero_row():
+    assert top_p_mask(torch.ones(40), 0.5).nonzero().flatten().tolist() == list(range(20))
+    assert top_p_mask(torch.tensor([0.1, 0.3, 0.3, 0.3]), 0.5).tolist() == [0.0, 1.0, 1.0, 0.0]
+    # A dynamic router at init with top-p 0.95: its own layer (last) holds 85.5%, the rest tie.
+    assert top_p_mask(torch.tensor([0.145 / 3] * 3 + [0.855]), 0.95).tolist() == [1, 1, 0, 1]
+    assert torch.equal(top_p_mask(torch.zeros(2, 5), 0.5), torch.ones(2, 5))
+
+
 def test_dynamic_top_p_renormalises_and_zeroes_the_rest():
     model = tiny_model(router='dynamic', n_layer=6, router_top_p=0.7)
     with torch.no_grad():

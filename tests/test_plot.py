@@ -212,7 +212,7 @@ def test_out_must_name_an_image_file(runs, tmp_path):
     assert not list(tmp_path.glob('curves*'))
 
 
-def test_compare_sh_trains_each_router_and_draws_their_curves(tmp_path):
+def test_compare_sh_trains_each_router_and_draws_their_curves(tmp_path, gpt2):  # GPT-2 tokens
     """The small-text preset, end to end at a tiny shape: prepare.py on a file, then compare.sh."""
     text = tmp_path / 'text.jsonl'
     words = 'the cat is on the mat and the dogs are in the house where they were last night'.split()

@@ -12,11 +12,12 @@ import types
 
 import numpy as np
 import pytest
-import tiktoken
 
 import prepare
 
-ENC = tiktoken.get_encoding("gpt2")  # loaded before the pool forks, so its workers need not load it again
+# GPT-2's tokenizer (conftest.py), loaded before the pool forks so that its workers need not load
+# it again; every test that prepares GPT-2 tokens asks for it, and skips offline without its files.
+needs_gpt2 = pytest.mark.usefixtures("gpt2")
 PREPARE_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "prepare.py")
 
 
@@ -52,13 +53,14 @@ def read_documents(path):
 
 
 def expected_tokens(text):
-    return [prepare.EOT] + ENC.encode_ordinary(text)
+    return [prepare.EOT] + prepare.gpt2_encoding().encode_ordinary(text)
 
 
 # -----------------------------------------------------------------------------
 # end to end
 
 
+@needs_gpt2
 def test_local_jsonl_gz_round_trips_through_val_and_train_shards(tmp_path):
     texts = make_texts(40)
     path = write_jsonl_gz(tmp_path / "docs.jsonl.gz", texts)
@@ -75,9 +77,10 @@ def test_local_jsonl_gz_round_trips_through_val_and_train_shards(tmp_path):
     train_texts = [t for i, t in enumerate(texts) if i % 5 != 0]
     assert val == [expected_tokens(t) for t in val_texts]
     assert train == [expected_tokens(t) for t in train_texts]
-    assert [ENC.decode(doc[1:]) for doc in val + train] == val_texts + train_texts
+    assert [prepare.gpt2_encoding().decode(doc[1:]) for doc in val + train] == val_texts + train_texts
 
 
+@needs_gpt2
 def test_default_source_writes_nonempty_val_and_train_shards_from_pydoc(tmp_path):
     out = tmp_path / "out"
     assert run(out) == ["pydoc_train_000001.bin", "pydoc_val_000000.bin"]
@@ -89,6 +92,7 @@ def test_default_source_writes_nonempty_val_and_train_shards_from_pydoc(tmp_path
     assert 0.03 < len(val) / (len(val) + len(train)) < 0.1
 
 
+@needs_gpt2
 def test_max_tokens_stops_after_the_document_that_reaches_it(tmp_path):
     texts = make_texts(200)
     path = write_jsonl_gz(tmp_path / "docs.jsonl.gz", texts)
@@ -99,6 +103,7 @@ def test_max_tokens_stops_after_the_document_that_reaches_it(tmp_path):
     assert total == lengths[np.searchsorted(lengths, 1000)]  # whole documents, the last one crossing 1K
 
 
+@needs_gpt2
 def test_training_shards_roll_over_at_shard_size(tmp_path):
     texts = make_texts(60)
     path = write_jsonl_gz(tmp_path / "docs.jsonl.gz", texts)
@@ -113,6 +118,7 @@ def test_training_shards_roll_over_at_shard_size(tmp_path):
     assert split_documents(train) == [expected_tokens(t) for i, t in enumerate(texts) if i % 20 != 0]
 
 
+@needs_gpt2
 def test_validation_stops_taking_documents_once_it_holds_val_tokens(tmp_path):
     texts = make_texts(100)
     path = write_jsonl_gz(tmp_path / "docs.jsonl.gz", texts)
@@ -126,6 +132,7 @@ def test_validation_stops_taking_documents_once_it_holds_val_tokens(tmp_path):
     assert n_val >= 100
 
 
+@needs_gpt2
 def test_one_text_file_is_split_its_first_part_validating_the_rest(tmp_path):
     text = " ".join(make_texts(40))
     path = tmp_path / "notes.txt"
@@ -142,6 +149,7 @@ def test_one_text_file_is_split_its_first_part_validating_the_rest(tmp_path):
     assert not list((tmp_path / "short").glob("*.bin"))
 
 
+@needs_gpt2
 def test_one_text_file_is_cut_into_training_shards_of_shard_size(tmp_path):
     text = " ".join(make_texts(40))
     path = tmp_path / "notes.txt"
@@ -155,6 +163,7 @@ def test_one_text_file_is_cut_into_training_shards_of_shard_size(tmp_path):
     assert list(np.concatenate(shards)) == expected_tokens(text)  # still one document, cut in order
 
 
+@needs_gpt2
 def test_rerun_keeps_a_finished_set_and_replaces_an_interrupted_one(tmp_path, capsys):
     path = write_jsonl_gz(tmp_path / "docs.jsonl.gz", make_texts(10))
     out = tmp_path / "out"
@@ -185,6 +194,7 @@ def test_rerun_keeps_a_finished_set_and_replaces_an_interrupted_one(tmp_path, ca
 # sources
 
 
+@needs_gpt2
 def test_txt_file_is_one_document_kept_byte_for_byte(tmp_path):
     texts = ["first file\r\nwith Windows line ends\n", "second ☃ file\n\n\n"]
     paths = []
@@ -194,7 +204,7 @@ def test_txt_file_is_one_document_kept_byte_for_byte(tmp_path):
     out = tmp_path / "out"
     run(out, "--input", *map(str, paths))
     docs = read_documents(out / "local_val_000000.bin") + read_documents(out / "local_train_000001.bin")
-    assert [ENC.decode(doc[1:]) for doc in docs] == texts
+    assert [prepare.gpt2_encoding().decode(doc[1:]) for doc in docs] == texts
 
 
 def test_pydoc_documents_are_small_pieces_that_rejoin_into_the_topics():
@@ -212,6 +222,7 @@ def test_fineweb_texts_takes_the_text_field_and_names_a_bad_record():
         list(prepare.fineweb_texts(iter([{"text": "a"}, {"body": "no text field"}])))
 
 
+@needs_gpt2
 def test_fineweb_source_streams_sample_10bt_into_fineweb_edu_shards(tmp_path, monkeypatch):
     calls = []
 
@@ -239,7 +250,8 @@ def test_fineweb_without_datasets_package_says_pip_install_datasets(tmp_path, mo
 def test_bad_json_line_exits_nonzero_with_file_and_line_in_one_line(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"text": "fine"}\n{"text": "also fine"}\n{"text": oops}\n')
-    command = [sys.executable, PREPARE_PY, "--input", str(path), "--out_dir", str(tmp_path / "out")]
+    command = [sys.executable, PREPARE_PY, "--input", str(path), "--out_dir", str(tmp_path / "out"),
+               "--tokenizer", "bytes"]  # the input is read the same way for either tokenizer
     result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
@@ -255,7 +267,7 @@ def test_bad_record_is_reported_with_file_and_line(tmp_path, line, problem):
     good = b'{"text": "fine"}\n'
     path.write_bytes(good + (line if isinstance(line, bytes) else line.encode()) + b"\n" + good)
     with pytest.raises(SystemExit, match=f"{path}:2: .*{problem}"):
-        run(tmp_path / "out", "--input", str(path))
+        run(tmp_path / "out", "--input", str(path), "--tokenizer", "bytes")
 
 
 @pytest.mark.parametrize("name, problem", [("missing.jsonl", "no such file"),

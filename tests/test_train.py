@@ -26,7 +26,7 @@ TINY = ['--device=cpu', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_siz
 
 
 @pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
+def data_dir(tmp_path_factory, gpt2):  # GPT-2 tokens: skips offline without its files (conftest.py)
     out = tmp_path_factory.mktemp('data') / 'pydoc'
     prepare.main(['--out_dir', str(out), '--workers', '2'])
     return str(out)

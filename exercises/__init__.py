@@ -1,0 +1,21 @@
+"""The exercises of docs/walkthrough.md: student.py to fill in, answers.py, wrong.py (typical wrong
+answers the checks must reject), and ablation.py, exercise 6's experiment. The answers are read
+from a file named by path (load): tests/test_exercises.py checks one, exercises/ablation.py
+trains one."""
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load(path):
+    """The Python file at path (relative to the working directory or to the repo root)."""
+    path = Path(path)
+    if not path.exists():
+        path = ROOT / path
+    if not path.is_file():
+        raise FileNotFoundError(f"no exercises file at {path} (LIME_EXERCISES names it)")
+    spec = importlib.util.spec_from_file_location(f'exercises_{path.stem}', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

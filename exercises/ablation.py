@@ -1,0 +1,153 @@
+"""
+ablation.py: exercise 6's experiment, the paper's ablation of which layers LIMe reads, on a laptop.
+Static LIMe models whose routers read only the first k or only the last k earlier layers (your
+RestrictedRouter) train beside the full static router on Python's docs at byte level
+(data/pydoc_bytes, made if missing), several seeds each; it prints their validation bits per byte.
+From the repo root; with the defaults, 9 runs of about a CPU minute each:
+
+    LIME_EXERCISES=exercises/student.py python -m exercises.ablation
+    python -m exercises.ablation --k=4 --routers=none,all,first,last   # the repo's answer
+
+Every model of one seed starts from the same weights (its routers aside) and sees the same
+batches, so a difference within a seed is the routers'. What to expect: the paper's 150M model
+reached 15.93 perplexity reading every layer, 15.96-15.99 reading the first 2, 4 or 6, and
+16.14-16.28 reading the last ones (LLaMA: 16.46): 0.2% and 1-2% apart. A few CPU minutes of a
+model this small may show no difference beyond the spread across seeds; the table gives both, so
+read them side by side (docs/walkthrough.md, section 10, has a run of it).
+"""
+import math
+import os
+import statistics
+from contextlib import nullcontext
+
+import torch
+
+from configurator import configure, fail, or_fail
+from exercises import load
+from lab.evaluate import bits_per_byte
+from lime import GPT, GPTConfig, use_fused_kernels
+from prepare import BYTES_VOCAB, Batches, prepare_if_default, read_shard, shard_paths, token_bytes
+
+# -----------------------------------------------------------------------------
+exercises = os.environ.get('LIME_EXERCISES', 'exercises/answers.py')  # whose RestrictedRouter
+data_dir = 'data/pydoc_bytes'  # byte-level shards (prepare.py --tokenizer=bytes)
+routers = 'all,first,last'  # all: lime's StaticRouter; first, last: RestrictedRouter; none: LLaMA
+k = 2  # the earlier layers a restricted router reads (the paper: 2, 4 and 6 of 12)
+seeds = 3  # seeds 1..seeds, each training every router
+n_layer = 8
+n_head = 4
+n_embd = 64
+block_size = 128
+batch_size = 16
+max_iters = 300  # optimizer steps per model
+learning_rate = 3e-3  # config/cpu_demo.py's rates and schedule
+router_lr = 3e-2
+weight_decay = 0.1
+warmup_iters = 30
+min_lr = 3e-4
+# -----------------------------------------------------------------------------
+ROUTERS = ('none', 'all', 'first', 'last')
+
+
+def lr_factor(step):
+    """Linear warmup, then cosine decay to min_lr (train.py's schedule): a factor on each lr."""
+    if step < warmup_iters:
+        return (step + 1) / warmup_iters
+    progress = (step - warmup_iters) / max(1, max_iters - warmup_iters)
+    floor = min_lr / learning_rate
+    return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build(router, seed, RestrictedRouter):
+    """A byte-level model of this file's shape with the given routers, initialised from seed."""
+    config = or_fail(GPTConfig, vocab_size=BYTES_VOCAB, block_size=block_size, n_layer=n_layer,
+                     n_head=n_head, n_embd=n_embd, router='none' if router == 'none' else 'static')
+    model = GPT(config)
+    if router in ('first', 'last'):
+        for block in model.blocks[1:]:
+            block.attn.router = RestrictedRouter(config, block.attn.layer_idx, k, router)
+    torch.manual_seed(seed)
+    model.init_weights()  # the routers draw last: every router starts from the same other weights
+    return model
+
+
+def train(model, val_tokens, byte_lengths):
+    """Trains model for max_iters steps; its validation bits per byte."""
+    batches = or_fail(Batches, data_dir, batch_size, block_size, vocab_size=BYTES_VOCAB)
+    optimizer = model.configure_optimizers(weight_decay, learning_rate, router_lr)
+    base_lrs = [group['lr'] for group in optimizer.param_groups]
+    for step in range(max_iters):
+        for group, lr in zip(optimizer.param_groups, base_lrs):
+            group['lr'] = lr * lr_factor(step)
+        x, y = batches.next()
+        _, loss = model(torch.from_numpy(x), torch.from_numpy(y))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+    model.eval()
+    bpb, _ = bits_per_byte(model, val_tokens, byte_lengths, block_size, batch_size, 'cpu',
+                           nullcontext())
+    return bpb
+
+
+def mean_std(values):
+    spread = f" ± {statistics.stdev(values):.4f}" if len(values) > 1 else ''
+    return f"{statistics.mean(values):.4f}{spread}"
+
+
+def main():
+    config, _, _ = configure(globals(), {
+        'path': ['exercises', 'data_dir'], 'text': ['routers'],
+        'positive': ['k', 'seeds', 'batch_size', 'max_iters', 'learning_rate'],
+        'non-negative': ['router_lr', 'weight_decay', 'warmup_iters', 'min_lr']})
+    globals().update(config)
+    names = [name.strip() for name in routers.split(',') if name.strip()]
+    if not names or any(name not in ROUTERS for name in names):
+        fail(f"--routers={routers}: a comma-separated list of {', '.join(ROUTERS)}")
+    if k >= n_layer - 1:
+        fail(f"k={k}: with n_layer={n_layer} every layer has at most {n_layer - 1} earlier ones, "
+             "so a restricted router would read them all")
+    try:
+        RestrictedRouter = load(exercises).RestrictedRouter
+    except (FileNotFoundError, AttributeError) as e:
+        fail(f"--exercises={exercises}: {e}")
+    use_fused_kernels(False, 'cpu')  # lime.py's plain mix, the same code for every router
+    prepare_if_default(data_dir)
+    val_tokens = or_fail(read_shard, or_fail(shard_paths, data_dir, 'val')[0], BYTES_VOCAB)
+    byte_lengths, why = token_bytes(BYTES_VOCAB, data_dir)
+    if byte_lengths is None:
+        fail(f"{data_dir}: {why}")
+    byte_lengths = torch.from_numpy(byte_lengths)
+
+    results = {name: [] for name in names}
+    for seed in range(1, seeds + 1):
+        for name in names:
+            try:
+                model = build(name, seed, RestrictedRouter)
+            except NotImplementedError:
+                fail(f"{exercises}: RestrictedRouter is not written yet (exercise 6)")
+            results[name].append(train(model, val_tokens, byte_lengths))
+            print(f"seed {seed}, {name}: {results[name][-1]:.4f} bits per byte", flush=True)
+
+    windows = (len(val_tokens) - 1) // block_size
+    print(f"\nvalidation bits per byte after {max_iters} steps ({n_layer} layers, width {n_embd}; "
+          f"{windows * block_size:,} targets of {data_dir}), k = {k}; lower is better")
+    print('| seed | ' + ' | '.join(names) + ' |\n|---|' + '---|' * len(names))
+    for i in range(seeds):
+        print(f"| {i + 1} | " + ' | '.join(f"{results[n][i]:.4f}" for n in names) + ' |')
+    print('| mean ± std | ' + ' | '.join(mean_std(results[n]) for n in names) + ' |')
+    if 'all' in names:
+        for name in names:
+            if name != 'all':
+                # Bits per byte differ as log-perplexities do: 2 ** (difference) is the ratio.
+                diffs = [b - a for a, b in zip(results['all'], results[name])]
+                lower = sum(d < 0 for d in diffs)
+                ratio = [100 * (2 ** diff - 1)
+                         for diff in (statistics.mean(diffs), min(diffs), max(diffs))]
+                print(f"{name} vs all: lower in {lower} of {seeds} seeds; per-byte perplexity "
+                      f"{ratio[0]:+.2f}% on average (from {ratio[1]:+.2f}% to {ratio[2]:+.2f}%)")
+
+
+if __name__ == '__main__':
+    main()

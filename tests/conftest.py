@@ -1,0 +1,53 @@
+"""
+What the tests share: whether GPT-2's tokenizer files are at hand without the network. tiktoken
+downloads them (1.5 MB) on first use and caches them; the tests never download. Where the cache
+lacks them (a newcomer offline), the tests that need them skip, saying why, and the rest run: such
+a test, or its fixture, asks for the fixture `gpt2`.
+
+    python -m pytest -q -rs    # -rs lists each skipped test with its reason
+"""
+import collections
+import hashlib
+import os
+import tempfile
+
+import pytest
+
+# The two files of tiktoken's "gpt2" encoding (tiktoken_ext/openai_public.py). tiktoken/load.py
+# caches each under the SHA-1 of its URL, in TIKTOKEN_CACHE_DIR, else DATA_GYM_CACHE_DIR, else
+# data-gym-cache in the temporary directory; an empty TIKTOKEN_CACHE_DIR caches nothing.
+GPT2_URLS = ['https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe',
+             'https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json']
+
+
+def gpt2_files_missing():
+    """None where tiktoken's cache holds GPT-2's files (it then needs no network); else why not."""
+    cache = os.environ.get('TIKTOKEN_CACHE_DIR', os.environ.get('DATA_GYM_CACHE_DIR'))
+    if cache is None:
+        cache = os.path.join(tempfile.gettempdir(), 'data-gym-cache')
+    paths = [os.path.join(cache, hashlib.sha1(url.encode()).hexdigest()) for url in GPT2_URLS]
+    if cache and all(os.path.isfile(path) for path in paths):
+        return None
+    where = cache or "none: TIKTOKEN_CACHE_DIR is empty"
+    return (f"GPT-2's tokenizer files are not in tiktoken's cache ({where}), and the tests never "
+            "download: online, run python -c \"import tiktoken; tiktoken.get_encoding('gpt2')\" "
+            "once; offline, point TIKTOKEN_CACHE_DIR at a copy of the cache")
+
+
+@pytest.fixture(scope='session')
+def gpt2():
+    """GPT-2's tokenizer, tiktoken's encoding; uncached, the test skips, saying why."""
+    why = gpt2_files_missing()
+    if why is not None:
+        pytest.skip(why)
+    import prepare
+    return prepare.gpt2_encoding()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """After the run, one line per reason some tests skipped, with how many: why, at a glance."""
+    reasons = collections.Counter()
+    for report in terminalreporter.stats.get('skipped', []):
+        reasons[report.longrepr[2].removeprefix('Skipped: ')] += 1
+    for reason, count in reasons.most_common():
+        terminalreporter.write_line(f"{count} skipped: {reason}")
