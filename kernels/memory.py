@@ -18,16 +18,15 @@ Each layer copies its raw keys/values into its rows once, and its mix reads the 
 
 The backward pass. A source m is read by the mixes of layers max(m, 1)..L-1, and left to autograd
 each of them would return a fresh gradient for it, to be added up (and kept alive) at depth.
-Instead each mix's backward writes its output's gradient into its rows of one more buffer of the
-memory's shape (`grads`), and a source's gradient is computed once, by the mix that owns it (its
-own layer's; layer 1's for layer 0, which has no router), as one product over the rows of every
-later layer, the transpose of the forward's:
-- static: d memory_m = sum_{l >= m} R_l[:, m]^T @ dout_l = weights[l >= m, m-block]^T @ grads[l >= m]
-- dynamic: d memory_m[gt] = sum_{l >= m} probs_l[gt, m] * dout_l[gt]
+Instead each mix's backward writes its output's gradient into its rows of one more buffer
+(`grads`), and a source's gradient is computed once, by the mix that owns it (its own layer's;
+layer 1's for layer 0, which has no router), as one product over the rows of every later layer,
+the transpose of the forward's:
+- static: d memory_m = sum_{l >= m} R_l[:, m]^T @ dout_l  (the R_l of every layer in `weights`)
+- dynamic: d memory_m[gt] = sum_{l >= m} probs_l[gt, m] * dout_l[gt]  (every probs_l in `weights`)
 That mix runs its backward last among the source's readers (each later layer's output depends on
-its own), so every later row of `grads` is written by then. So the routers' weights of every layer
-are kept too (`weights`, small). Nothing is added up in place, so a second backward through the
-same graph (retain_graph) simply writes the rows again.
+its own), so every later row of `grads` is written by then. Nothing is added up in place, so a
+second backward through the same graph (retain_graph) simply writes the rows again.
 
 Each mix is one `torch.library` custom op (one node in a compiled graph, so compile time grows
 with the depth, not its square). The ops write the memory's and the gradients' rows without

@@ -341,15 +341,18 @@ def step_memory(model, module, x):
 @pytest.mark.parametrize('router', ['static', 'dynamic'])
 def test_a_steps_peak_memory_is_not_above_the_definitions_and_the_buffers_go_with_backward(
         router):
-    plain, fast = model_pair(router=router, n_layer=8, n_embd=64, block_size=64)
-    x = batch(B=8, T=64)
+    L, G, B, T, hs = 8, 2, 8, 64, 16
+    plain, fast = model_pair(router=router, n_layer=L, n_embd=64, block_size=T)
+    x = batch(B=B, T=T)
     (want_peak, want_left), (got_peak, got_left) = (step_memory(plain, None, x),
                                                     step_memory(fast, memory, x))
     # The dynamic mix keeps a copy of every layer's routing probabilities for the sources'
-    # one-pass gradients (memory.py), G*B*T*(L(L+1)/2 - 1) numbers beside the softmax's own:
-    # here 0.5% of the step's memory, at 32 layers x 64 wide 2% (docs/performance.md).
-    allowed = 1.0 if router == 'static' else 1.01
-    assert got_peak <= allowed * want_peak, (got_peak, want_peak)
+    # one-pass gradients, G*B*T*(L(L+1)/2 - 1) numbers beside the softmax's own, and makes one
+    # source gradient (N numbers) before its copy in the sources' layout: that much is allowed
+    # above the definition's peak (docs/performance.md measures it at other shapes).
+    extra = 0 if router == 'static' else 4 * (G * B * T * memory.packed_columns(L)
+                                              + B * T * 2 * G * hs)
+    assert got_peak <= want_peak + extra, (got_peak, want_peak, extra)
     # the logits are still alive, as in a training loop, but the buffers went with the backward
     assert got_left <= want_left, (got_left, want_left)
 
