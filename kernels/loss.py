@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 
 def cross_entropy(logits, targets, ignore_index=-1):
-    """F.cross_entropy(logits, targets, ignore_index=-1): in one new (N, V) tensor on a CPU, eager."""
+    """F.cross_entropy(logits, targets, ignore_index=-1): one new (N, V) tensor on a CPU, eager."""
     if ignore_index != -1 or logits.is_cuda or torch.compiler.is_compiling():
         return F.cross_entropy(logits, targets, ignore_index=ignore_index)
     return CrossEntropy.apply(logits, targets)

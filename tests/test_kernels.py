@@ -202,6 +202,19 @@ def test_a_backward_that_fails_half_way_leaves_the_next_step_right():
     assert_same_grads(loss_and_grads(fast, memory, x)[1], loss_and_grads(plain, None, x)[1])
 
 
+def train_steps(model, optimizer, module, x, steps):
+    """The losses of `steps` AdamW steps on the batch x, LIMe's mix in module."""
+    losses = []
+    with mix(module):
+        for _ in range(steps):
+            _, value = model(x, x)
+            value.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(value.item())
+    return losses
+
+
 @pytest.mark.parametrize('router', ['static', 'dynamic'])
 def test_a_model_trains_to_the_same_losses_with_it_as_without_it(router):
     """Six AdamW steps: the same losses to float noise."""
@@ -209,15 +222,7 @@ def test_a_model_trains_to_the_same_losses_with_it_as_without_it(router):
     curves = []
     for module, model in zip((None, memory), model_pair(router=router)):
         optimizer = model.configure_optimizers(0.1, 1e-2, 1e-1)
-        curve = []
-        with mix(module):
-            for _ in range(6):
-                _, value = model(x, x)
-                value.backward()
-                optimizer.step()
-                optimizer.zero_grad()
-                curve.append(value.item())
-        curves.append(curve)
+        curves.append(train_steps(model, optimizer, module, x, 6))
     assert curves[1] == pytest.approx(curves[0], rel=1e-5)
     assert curves[0][-1] < curves[0][0]
 
@@ -292,11 +297,7 @@ def test_a_checkpoint_trained_one_way_continues_the_other_way(tmp_path):
     for first, then in ((memory, None), (None, memory), (None, None)):
         _, model = model_pair(router='dynamic')
         optimizer = model.configure_optimizers(0.1, 1e-2, 1e-1)
-        with mix(first):
-            for _ in range(2):
-                model(x, x)[1].backward()
-                optimizer.step()
-                optimizer.zero_grad()
+        train_steps(model, optimizer, first, x, 2)
         path = tmp_path / 'ckpt.pt'
         lime.save_checkpoint(path, model, optimizer=optimizer.state_dict(), step=2,
                              best_val_loss=0.0)
@@ -304,15 +305,7 @@ def test_a_checkpoint_trained_one_way_continues_the_other_way(tmp_path):
         model.train()
         optimizer = model.configure_optimizers(0.1, 1e-2, 1e-1)
         optimizer.load_state_dict(checkpoint['optimizer'])
-        with mix(then):
-            losses = []
-            for _ in range(2):
-                _, value = model(x, x)
-                value.backward()
-                optimizer.step()
-                optimizer.zero_grad()
-                losses.append(value.item())
-        runs.append(losses)
+        runs.append(train_steps(model, optimizer, then, x, 2))
     assert runs[0] == pytest.approx(runs[2], rel=1e-5)
     assert runs[1] == pytest.approx(runs[2], rel=1e-5)
 
