@@ -29,6 +29,8 @@ import lime
 import prepare
 from test_train import ROOT, TINY, data_dir, read_log, run, train  # noqa: F401 (a fixture)
 
+needs_gpt2 = pytest.mark.usefixtures('gpt2')  # skipped offline, saying why (conftest.py)
+
 # Runs train.py as `python train.py ARGS` would (as the script of python or of torchrun), sending
 # this process the signal SIGNAL after its optimizer's AT-th step (on rank RANK only, if given),
 # and, with AGAIN, a second SIGINT once the checkpoint saved after that step has begun its write.
@@ -184,6 +186,7 @@ PREPARING = {  # script: (how the hook runs it, its arguments, the line it ends 
 }
 
 
+@needs_gpt2  # GPT-2's tokenizer: prepare.py's default, and sample.py's for this model
 @pytest.mark.parametrize('script', PREPARING)
 def test_ctrl_c_while_data_is_prepared_is_one_line_and_leaves_no_part_of_the_set(tmp_path, script):
     run_it, args, last_line = PREPARING[script]
@@ -197,6 +200,7 @@ def test_ctrl_c_while_data_is_prepared_is_one_line_and_leaves_no_part_of_the_set
     assert not (tmp_path / 'out').exists()
 
 
+@needs_gpt2  # GPT-2's tokenizer: prepare.py's default, and sample.py's for this model
 def test_ctrl_c_in_sample_py_is_one_line(tmp_path):
     model = lime.GPT(lime.GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16))
     lime.save_checkpoint(tmp_path / 'ckpt.pt', model, step=1, best_val_loss=1.0, config={})
@@ -285,6 +289,7 @@ def test_a_log_line_that_cannot_be_written_stops_the_run_in_one_line(tmp_path):
     assert record == {'step': 0, 'val_loss': 2.5}  # the records before it are kept
 
 
+@needs_gpt2  # GPT-2's tokenizer: prepare.py's default, and sample.py's for this model
 def test_a_file_size_limit_in_prepare_py_leaves_only_what_was_there(tmp_path):
     # Training shards of 500 tokens fit in 2 KB; the validation shard, written last, does not.
     docs = tmp_path / 'docs.jsonl'
@@ -357,6 +362,7 @@ def held_prepare(out_dir):
     return writer
 
 
+@needs_gpt2  # GPT-2's tokenizer: prepare.py's default, and sample.py's for this model
 def test_a_data_set_being_written_is_refused_to_a_second_writer_and_to_readers(tmp_path):
     pydoc = tmp_path / 'data' / 'pydoc'
     writer = held_prepare(pydoc)
@@ -384,6 +390,7 @@ def test_a_data_set_being_written_is_refused_to_a_second_writer_and_to_readers(t
     assert marker['finished'] and marker['shards'] == len(glob.glob(f'{pydoc}/*.bin'))
 
 
+@needs_gpt2  # GPT-2's tokenizer: prepare.py's default, and sample.py's for this model
 def test_a_data_set_whose_writer_died_is_refused_until_prepared_again(tmp_path):
     out = tmp_path / 'data'
     writer = held_prepare(out)

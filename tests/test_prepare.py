@@ -382,6 +382,7 @@ def test_byte_shards_round_trip_text_exactly_and_say_their_tokenizer(tmp_path):
     assert prepare.token_bytes(50257, str(out))[0] is None
 
 
+@needs_gpt2
 def test_lone_surrogates_become_u_fffd_in_both_tokenizers_and_are_counted(tmp_path, capsys):
     # JSON can escape half of a UTF-16 pair ("\\ud800"), which is no character and has no UTF-8
     # bytes: GPT-2's tokenizer writes U+FFFD for it, and the byte-level one must do the same (it
