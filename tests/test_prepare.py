@@ -382,8 +382,7 @@ def test_byte_shards_round_trip_text_exactly_and_say_their_tokenizer(tmp_path):
     assert prepare.token_bytes(50257, str(out))[0] is None
 
 
-@needs_gpt2
-def test_lone_surrogates_become_u_fffd_in_both_tokenizers_and_are_counted(tmp_path, capsys):
+def test_lone_surrogates_become_u_fffd_in_both_tokenizers_and_are_counted(tmp_path, capsys, gpt2):
     # JSON can escape half of a UTF-16 pair ("\\ud800"), which is no character and has no UTF-8
     # bytes: GPT-2's tokenizer writes U+FFFD for it, and the byte-level one must do the same (it
     # failed in a tokenizer process). A whole escaped pair is its one character.
@@ -400,7 +399,7 @@ def test_lone_surrogates_become_u_fffd_in_both_tokenizers_and_are_counted(tmp_pa
         tokens = np.concatenate([prepare.read_shard(path) for split in ("val", "train")
                                  for path in prepare.shard_paths(str(out), split)])
         read[tokenizer] = (prepare.decode_bytes(tokens).split("\n\n") if tokenizer == "bytes" else
-                           [ENC.decode(doc[1:]) for doc in split_documents(tokens)])
+                           [gpt2.decode(doc[1:]) for doc in split_documents(tokens)])
     assert sorted(read["bytes"]) == sorted(read["gpt2"]) == \
         sorted(["lone \ufffd here", "two \ufffd\ufffd and a pair \U0001f600"] * 3)
 
