@@ -250,7 +250,7 @@ def static_mix_backward(dout: torch.Tensor, R: torch.Tensor, memory: torch.Tenso
     B = memory.shape[2]
     rows = memory[:S].view(S * G, B, -1).permute(1, 2, 0)  # (B, T*2*hs, S*G)
     dR = torch.bmm(dout.view(G, B, -1).transpose(0, 1), rows).sum(0)
-    return [dR] + [token_major_copy(share) for share in shares[first - S:]]
+    return [dR] + [token_major_copy(share) for share in shares]
 
 
 @static_mix_backward.register_fake
@@ -344,7 +344,7 @@ def dynamic_mix_backward(dout: torch.Tensor, p: Optional[torch.Tensor], memory: 
             shares.append(torch.bmm(pm, rows).view(memory.shape[1:]))
     # each probability's gradient: its source's row . dout, for every (head, token)
     dp = torch.bmm(token_rows(memory, S), dout.transpose(1, 2))  # (G*B*T, S, 1)
-    return [dp.view(G * BT, S)] + [token_major_copy(share) for share in shares[first - S:]]
+    return [dp.view(G * BT, S)] + [token_major_copy(share) for share in shares]
 
 
 @dynamic_mix_backward.register_fake
