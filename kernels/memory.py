@@ -14,7 +14,8 @@ Each layer copies its raw keys/values into its rows once, and its mix reads the 
 0..l in place:
 - static: out = R (G, S*G) @ memory[:S*G] (S*G, N'): one matrix product per layer.
 - dynamic: out[gt] = probs[gt] (1, S) @ memory[:S, gt] (S, 2*hs) for every (head, token) gt: one
-  batched product per layer, reading the memory through strides.
+  batched product per layer, reading the memory through strides, or where those matrices are
+  small, a weighted sum of the S sources' rows (mix_rows: whichever a CPU runs faster).
 
 The backward pass. A source m is read by the mixes of layers max(m, 1)..L-1, and left to autograd
 each of them would return a fresh gradient for it, to be added up (and kept alive) at depth.
@@ -28,19 +29,21 @@ That mix runs its backward last among the source's readers (each later layer's o
 its own), so every later row of `grads` is written by then. Nothing is added up in place, so a
 second backward through the same graph (retain_graph) simply writes the rows again.
 
-Each mix is one `torch.library` custom op (one node in a compiled graph, so compile time grows
-with the depth, not its square). The ops write the memory's and the gradients' rows without
-declaring it: declared, torch.compile would copy the whole buffer at every layer to keep its
-graph functional. That is safe because every read of a row comes after its write in the graph's
-own data order (layer l's mix reads rows written by layers <= l, which its input depends on; a
-source's gradient reads rows of later layers, whose backward its input depends on), and because
-the buffers come from an op of their own (`new_buffers`) that the compiler can neither see into
-nor recompute in the backward pass. A mix given a plain list (the walkthrough's, the exercises')
-or run under DDP (whose compiled graph pieces could not share the gradient rows) keeps a memory of
-its own and returns every source's gradient, as any op does.
+Each mix is one `torch.library` custom op (one node in a compiled graph, so compile time grows with
+the depth, not its square); outside torch.compile the same functions run through one
+autograd.Function (Mix), without the dispatcher's cost. The ops write the memory's and the
+gradients' rows without declaring it: declared, torch.compile would copy the whole buffer at every
+layer to keep its graph functional. That is safe because every read of a row comes after its write
+in the graph's own data order (layer l's mix reads rows written by layers <= l, which its input
+depends on; a source's gradient reads rows of later layers, whose backward its input depends on),
+and because the buffers come from an op of their own (`new_buffers`) that the compiler can neither
+see into nor recompute in the backward pass. A mix given a plain list (the walkthrough's, the
+exercises') or run under DDP (whose compiled graph pieces could not share the gradient rows) keeps a
+memory of its own and returns every source's gradient, as any op does.
 
 Bytes moved per layer are counted in docs/performance.md.
 """
+import math
 from typing import Optional
 
 import torch
@@ -191,25 +194,56 @@ def dynamic_setup(ctx, inputs, output):
     save(ctx, inputs, keep_weights=inputs[3] is None)
 
 
+def mix_backward(backward, ctx, dout):
+    """The router weights' gradient and the owned sources' (a list), by a mix's backward."""
+    mix_weights, memory, weights, grads = ctx.saved_tensors
+    dweights, *dsources = backward(dout, mix_weights, memory, weights, grads, ctx.first, ctx.S)
+    return dweights, dsources
+
+
 def backward_with(backward_op):
-    """The backward of a mix, by its backward op: the router weights' gradient and the owned
-    sources'."""
+    """The backward of a mix's custom op, by its backward op."""
     def backward(ctx, dout):
-        mix_weights, memory, weights, grads = ctx.saved_tensors
-        dweights, *dsources = backward_op(dout, mix_weights, memory, weights, grads, ctx.first,
-                                          ctx.S)
+        dweights, dsources = mix_backward(backward_op, ctx, dout)
         return dweights, dsources, None, None, None, None, None
     return backward
+
+
+class Mix(torch.autograd.Function):
+    """A mix outside torch.compile: the custom op's own forward and backward functions, called
+    directly. Through the dispatcher, a custom op's call and its backward cost 0.3-0.7 ms a layer
+    and step on a CPU (docs/performance.md), which made this module slower than the definition at
+    small shapes; the compiler needs the op (one node), eager autograd does not. The sources come
+    last, one argument each: autograd sees only tensors passed as arguments."""
+
+    @staticmethod
+    def forward(ctx, kind, mix_weights, memory, weights, grads, first, written, *sources):
+        forward, ctx.backward, setup = kind
+        inputs = (mix_weights, list(sources), memory, weights, grads, first, written)
+        out = forward(*inputs)
+        setup(ctx, inputs, out)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        dweights, dsources = mix_backward(ctx.backward, ctx, dout)
+        return None, dweights, None, None, None, None, None, *dsources
+
+
+def run(op, kind, mix_weights, sources, memory, weights, grads, first, written):
+    """A mix: its custom op where torch.compile traces, else Mix with the same functions."""
+    if torch.compiler.is_compiling():
+        return op(mix_weights, sources, memory, weights, grads, first, written)
+    return Mix.apply(kind, mix_weights, memory, weights, grads, first, written, *sources)
 
 
 # ---------------------------------------------------------------------------------------------
 # static: out = R (G, S*G) @ memory[:S*G] (S*G, N')
 
 
-@torch.library.custom_op('lime::static_mix', mutates_args=())
-def static_mix_op(R: torch.Tensor, sources: list[torch.Tensor], memory: torch.Tensor,
-                  weights: Optional[torch.Tensor], grads: Optional[torch.Tensor], first: int,
-                  written: int) -> torch.Tensor:
+def static_forward(R: torch.Tensor, sources: list[torch.Tensor], memory: torch.Tensor,
+                   weights: Optional[torch.Tensor], grads: Optional[torch.Tensor], first: int,
+                   written: int) -> torch.Tensor:
     """Layer S-1's mix (S = first + len(sources)), (G, B, T, 2, hs), after writing the sources
     not yet in the memory, and R into `weights`. grads: for the backward pass only."""
     S = first + len(sources)
@@ -220,15 +254,9 @@ def static_mix_op(R: torch.Tensor, sources: list[torch.Tensor], memory: torch.Te
     return (R @ memory[:S].view(S * G, -1)).view(memory.shape[1:])
 
 
-@static_mix_op.register_fake
-def _(R, sources, memory, weights, grads, first, written):
-    return memory.new_empty(memory.shape[1:])
-
-
-@torch.library.custom_op('lime::static_mix_backward', mutates_args=())
-def static_mix_backward(dout: torch.Tensor, R: torch.Tensor, memory: torch.Tensor,
-                        weights: Optional[torch.Tensor], grads: Optional[torch.Tensor],
-                        first: int, S: int) -> list[torch.Tensor]:
+def static_backward(dout: torch.Tensor, R: torch.Tensor, memory: torch.Tensor,
+                    weights: Optional[torch.Tensor], grads: Optional[torch.Tensor],
+                    first: int, S: int) -> list[torch.Tensor]:
     """[R's gradient, then the gradients of sources first..S-1, (B, T, 2, G, hs) each]."""
     L, G = memory.shape[:2]
     if grads is None:  # a memory of its own: R^T @ dout is every source's share, and all of it
@@ -245,12 +273,31 @@ def static_mix_backward(dout: torch.Tensor, R: torch.Tensor, memory: torch.Tenso
             readers = slice((max(m, 1) - 1) * G, (L - 1) * G)
             column = weights[readers, m * G:(m + 1) * G]  # their R_l[:, m's heads]
             shares.append((column.t() @ grad_rows[readers]).view(memory.shape[1:]))
-    # R's gradient, dout @ memory[:S*G]^T, one product per sequence of the batch, added up: in
+    # R's gradient, dout @ memory[:S*G]^T, as products over pieces of the columns, added up: in
     # one piece, a product of so few rows over so many columns ran at half the speed on a CPU
-    B = memory.shape[2]
-    rows = memory[:S].view(S * G, B, -1).permute(1, 2, 0)  # (B, T*2*hs, S*G)
-    dR = torch.bmm(dout.view(G, B, -1).transpose(0, 1), rows).sum(0)
+    n = column_pieces(memory)
+    rows = memory[:S].view(S * G, n, -1).permute(1, 2, 0)  # (n, columns / n, S*G)
+    dR = torch.bmm(dout.view(G, n, -1).transpose(0, 1), rows).sum(0)
     return [dR] + [token_major_copy(share) for share in shares]
+
+
+def column_pieces(memory):
+    """How many pieces R's gradient cuts the memory's columns into: whole tokens, about 1,024
+    columns each (on a CPU 10-20% faster than a piece per sequence, 2x faster than one piece)."""
+    L, G, B, T, _, hs = memory.shape
+    tokens = math.gcd(B * T, max(1, 512 // hs))
+    return B * T // tokens
+
+
+static_mix_op = torch.library.custom_op('lime::static_mix', static_forward, mutates_args=())
+static_mix_backward = torch.library.custom_op('lime::static_mix_backward', static_backward,
+                                              mutates_args=())
+STATIC = static_forward, static_backward, static_setup
+
+
+@static_mix_op.register_fake
+def _(R, sources, memory, weights, grads, first, written):
+    return memory.new_empty(memory.shape[1:])
 
 
 @static_mix_backward.register_fake
@@ -267,7 +314,8 @@ def static_mix(R, memory):
     memory = as_layer_memory(memory, 'static')
     first, sources = memory.owned_sources()
     buffers = memory.memory, memory.weights, memory.grads
-    out = static_mix_op(R.to(memory.memory.dtype), sources, *buffers, first, memory.written)
+    out = run(static_mix_op, STATIC, R.to(memory.memory.dtype), sources, *buffers, first,
+              memory.written)
     memory.mark_written()
     return token_major(out)
 
@@ -289,6 +337,22 @@ def token_rows(rows, S):
     return rows[:S].view(S, G * B * T, 2 * hs).transpose(0, 1)
 
 
+def mix_rows(p, rows):
+    """sum_m p[:, m] * rows[m], for each (head, token): p (G*B*T, n), rows (n, G, B, T, 2, hs)
+    -> (G*B*T, 2*hs). As one batched product of (1 x n) @ (n x 2*hs) where those matrices hold
+    512 numbers or more; below that, CPU's batched product ran 3.5-6.5x slower than a weighted
+    sum, source by source (and 1.5-2x faster above it; one thread, 4 kv heads, 8 x 128 tokens)."""
+    n = p.shape[1]
+    rows = rows.view(n, p.shape[0], -1)
+    if n * rows.shape[2] >= 512:
+        return torch.bmm(p.unsqueeze(1), rows.transpose(0, 1)).squeeze(1)
+    p = p.t().contiguous()  # each source's weights in a row of their own, read in order
+    out = rows[0] * p[0, :, None]
+    for m in range(1, n):
+        out.addcmul_(rows[m], p[m, :, None])
+    return out
+
+
 def packed_columns(L):
     """The columns of the dynamic weights: S = l + 1 for each layer l >= 1, side by side."""
     return L * (L + 1) // 2 - 1
@@ -299,10 +363,15 @@ def first_column(layer):
     return layer * (layer + 1) // 2 - 1
 
 
-@torch.library.custom_op('lime::dynamic_mix', mutates_args=())
-def dynamic_mix_op(p: torch.Tensor, sources: list[torch.Tensor], memory: torch.Tensor,
-                   weights: Optional[torch.Tensor], grads: Optional[torch.Tensor], first: int,
-                   written: int) -> torch.Tensor:
+def reader_columns(L, m, device):
+    """The packed columns of source m's probabilities in the layers that read it, max(m, 1)..L-1."""
+    readers = torch.arange(max(m, 1), L, device=device)
+    return first_column(readers) + m
+
+
+def dynamic_forward(p: torch.Tensor, sources: list[torch.Tensor], memory: torch.Tensor,
+                    weights: Optional[torch.Tensor], grads: Optional[torch.Tensor], first: int,
+                    written: int) -> torch.Tensor:
     """Layer S-1's mix, (G, B, T, 2, hs), of each (head, token)'s sources by its probabilities p
     (G*B*T, S), after writing the sources not yet in the memory, and p into `weights`."""
     S = first + len(sources)
@@ -310,19 +379,12 @@ def dynamic_mix_op(p: torch.Tensor, sources: list[torch.Tensor], memory: torch.T
     if weights is not None:
         start = first_column(S - 1)
         write(weights, (slice(None), slice(start, start + S)), p)
-    out = torch.bmm(p.unsqueeze(1), token_rows(memory, S))  # (G*B*T, 1, 2*hs)
-    return out.view(memory.shape[1:])
+    return mix_rows(p, memory[:S]).view(memory.shape[1:])
 
 
-@dynamic_mix_op.register_fake
-def _(p, sources, memory, weights, grads, first, written):
-    return memory.new_empty(memory.shape[1:])
-
-
-@torch.library.custom_op('lime::dynamic_mix_backward', mutates_args=())
-def dynamic_mix_backward(dout: torch.Tensor, p: Optional[torch.Tensor], memory: torch.Tensor,
-                         weights: Optional[torch.Tensor], grads: Optional[torch.Tensor],
-                         first: int, S: int) -> list[torch.Tensor]:
+def dynamic_backward(dout: torch.Tensor, p: Optional[torch.Tensor], memory: torch.Tensor,
+                     weights: Optional[torch.Tensor], grads: Optional[torch.Tensor],
+                     first: int, S: int) -> list[torch.Tensor]:
     """[p's gradient (G*B*T, S), then the gradients of sources first..S-1, (B, T, 2, G, hs) each].
     p: only without shared gradient rows (with them, `weights` holds it)."""
     L, G, B, T, _, hs = memory.shape
@@ -337,14 +399,23 @@ def dynamic_mix_backward(dout: torch.Tensor, p: Optional[torch.Tensor], memory: 
         dout = grads[S - 2].view(G * BT, 1, 2 * hs)
         shares = []
         for m in range(first, S):
-            readers = torch.arange(max(m, 1), L, device=memory.device)  # layers max(m, 1)..L-1
-            # their probabilities for source m, side by side, as the batched product wants them
-            pm = weights.index_select(1, first_column(readers) + m).unsqueeze(1)  # (G*B*T, 1, n)
-            rows = token_rows(grads[max(m, 1) - 1:], L - max(m, 1))  # (G*B*T, n, 2*hs)
-            shares.append(torch.bmm(pm, rows).view(memory.shape[1:]))
+            # the probabilities for source m of layers max(m, 1)..L-1 (G*B*T, n), and their rows
+            pm = weights.index_select(1, reader_columns(L, m, memory.device))
+            shares.append(mix_rows(pm, grads[max(m, 1) - 1:]).view(memory.shape[1:]))
     # each probability's gradient: its source's row . dout, for every (head, token)
     dp = torch.bmm(token_rows(memory, S), dout.transpose(1, 2))  # (G*B*T, S, 1)
     return [dp.view(G * BT, S)] + [token_major_copy(share) for share in shares]
+
+
+dynamic_mix_op = torch.library.custom_op('lime::dynamic_mix', dynamic_forward, mutates_args=())
+dynamic_mix_backward = torch.library.custom_op('lime::dynamic_mix_backward', dynamic_backward,
+                                               mutates_args=())
+DYNAMIC = dynamic_forward, dynamic_backward, dynamic_setup
+
+
+@dynamic_mix_op.register_fake
+def _(p, sources, memory, weights, grads, first, written):
+    return memory.new_empty(memory.shape[1:])
 
 
 @dynamic_mix_backward.register_fake
@@ -363,7 +434,7 @@ def dynamic_mix(probs, memory):
     first, sources = memory.owned_sources()
     buffers = memory.memory, memory.weights, memory.grads
     p = per_row(probs.to(memory.memory.dtype))  # (G*B*T, S), a copy that autograd sees
-    out = dynamic_mix_op(p, sources, *buffers, first, memory.written)
+    out = run(dynamic_mix_op, DYNAMIC, p, sources, *buffers, first, memory.written)
     memory.mark_written()
     return token_major(out)
 

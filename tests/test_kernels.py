@@ -117,6 +117,28 @@ def test_the_fast_mix_gives_the_definitions_loss_and_every_gradient(router, top_
     assert_same_grads(got, want)
 
 
+@pytest.mark.parametrize('n, hs', [(3, 8), (2, 128), (5, 64)])
+def test_the_dynamic_mix_of_rows_is_their_weighted_sum_either_way(n, hs, monkeypatch):
+    # below 512 numbers per (n x 2*hs) matrix a weighted sum, source by source; else one batched
+    # product (the choice is for speed only: the numbers are the same)
+    rows = torch.randn(n, 2, 3, 5, 2, hs)
+    p = torch.rand(2 * 3 * 5, n)
+    products = []
+    bmm = torch.bmm
+    monkeypatch.setattr(torch, 'bmm', lambda *args: products.append(1) or bmm(*args))
+    got = memory.mix_rows(p, rows)
+    assert bool(products) == (n * 2 * hs >= 512)
+    want = sum(p[:, m, None] * rows[m].reshape(30, 2 * hs) for m in range(n))
+    assert_same(got, want, 1e-6)
+
+
+def test_heads_wide_enough_for_the_batched_products_give_the_same_gradients():
+    # head size 128: the dynamic mixes and most sources' gradients take the batched product
+    plain, fast = model_pair(router='dynamic', n_embd=256, n_head=2, n_kv_head=2)
+    x = batch()
+    assert_same_grads(loss_and_grads(fast, memory, x)[1], loss_and_grads(plain, None, x)[1])
+
+
 @pytest.mark.parametrize('router', ['static', 'dynamic'])
 def test_with_hyper_connections_too(router):
     plain, fast = model_pair(router=router, hyper_connections=2)
