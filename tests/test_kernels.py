@@ -294,6 +294,7 @@ _, loss = ddp(x, x)
 loss.backward()
 if rank == 0:
     torch.save({{n: p.grad for n, p in model.named_parameters()}}, sys.argv[4])
+dist.barrier()  # as train.py: a rank torn down while the other still saves can abort it
 dist.destroy_process_group()
 '''
 
