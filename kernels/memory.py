@@ -289,6 +289,10 @@ def column_pieces(memory):
     return B * T // tokens
 
 
+# The ops that torch.compile sees: the functions above, each with a "fake" one that makes only
+# its outputs' shapes, for tracing. Inductor caches what it compiled on disk, and after an edit of
+# a fake function alone it reused a graph made with the old shapes: clear its cache then
+# (rm -rf /tmp/torchinductor_$USER).
 static_mix_op = torch.library.custom_op('lime::static_mix', static_forward, mutates_args=())
 static_mix_backward = torch.library.custom_op('lime::static_mix_backward', static_backward,
                                               mutates_args=())
