@@ -218,7 +218,7 @@ class Mix(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, kind, mix_weights, memory, weights, grads, first, written, *sources):
-        forward, ctx.backward, setup = kind
+        forward, ctx.backward_function, setup = kind
         inputs = (mix_weights, list(sources), memory, weights, grads, first, written)
         out = forward(*inputs)
         setup(ctx, inputs, out)
@@ -226,7 +226,7 @@ class Mix(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
-        dweights, dsources = mix_backward(ctx.backward, ctx, dout)
+        dweights, dsources = mix_backward(ctx.backward_function, ctx, dout)
         return None, dweights, None, None, None, None, None, *dsources
 
 
@@ -347,9 +347,9 @@ def mix_rows(p, rows):
     512 numbers or more; below that, CPU's batched product ran 3.5-6.5x slower than a weighted
     sum, source by source (and 1.5-2x faster above it; one thread, 4 kv heads, 8 x 128 tokens)."""
     n = p.shape[1]
-    rows = rows.view(n, p.shape[0], -1)
-    if n * rows.shape[2] >= 512:
-        return torch.bmm(p.unsqueeze(1), rows.transpose(0, 1)).squeeze(1)
+    if n * 2 * rows.shape[-1] >= 512:
+        return torch.bmm(p.unsqueeze(1), token_rows(rows, n)).squeeze(1)
+    rows = rows.view(n, p.shape[0], -1)  # each source's rows, (G*B*T, 2*hs)
     p = p.t().contiguous()  # each source's weights in a row of their own, read in order
     out = rows[0] * p[0, :, None]
     for m in range(1, n):
