@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 ROUTERS = ('none', 'static', 'dynamic')
 
@@ -203,9 +204,12 @@ class CausalSelfAttention(nn.Module):
         q = self.q_proj(h).view(B, T, self.n_head, self.head_size)  # (B, T, H, hs)
         kv = self.kv_proj(h).view(B, T, 2, self.n_kv_head, self.head_size)  # (B, T, 2, G, hs)
         if memory is not None:
-            memory.append(kv)  # this layer's raw keys/values, for this and every later layer
+            # This layer's raw keys/values, for this and every later layer: its own entry, so
+            # that a block run again (activation checkpointing) writes the same one.
+            memory[self.layer_idx] = kv
         if self.router is not None:
-            kv = self.router(h, memory)  # (B, T, 2, G, hs): the routed mix of layers 0..l
+            # (B, T, 2, G, hs): the routed mix of layers 0..l
+            kv = self.router(h, memory[:self.layer_idx + 1])
         k, v = kv.unbind(dim=2)  # (B, T, G, hs) each
         # RoPE after routing: routing mixes within one position, so before or after is the same.
         pos = cache.pos if cache is not None else 0
@@ -341,6 +345,10 @@ class GPT(nn.Module):
     """The whole model: token embedding, n_layer blocks, final norm, and the output head tied to
     the embedding. Its forward pass makes the layer memory that the attention layers share."""
 
+    # Activation checkpointing (train.py's checkpoint_blocks): keep each block's input only, and
+    # recompute the rest in the backward pass; less memory for about a third more compute.
+    checkpoint_blocks = False
+
     def __init__(self, config):
         super().__init__()
         self.config = config
@@ -392,13 +400,19 @@ class GPT(nn.Module):
         x = self.embed(idx)  # (B, T, D)
         if cfg.hyper_connections:
             x = x.unsqueeze(2).expand(-1, -1, cfg.hyper_connections, -1)  # (B, T, n, D): copies
-        # LIMe's layer memory: each attention layer appends its raw keys/values, in order.
+        # LIMe's layer memory: entry l is layer l's raw keys/values, set by its attention.
         # (kernels/memory.py brings a memory of its own: one head-major buffer for all layers.)
         memory = None
         if cfg.router != 'none':
-            memory = [] if mix_kernels is None else mix_kernels.LayerMemory(cfg.n_layer)
+            memory = [None] * cfg.n_layer if mix_kernels is None else mix_kernels.LayerMemory(
+                cfg.n_layer)
         for block in self.blocks:
-            x = block(x, self.rotary, memory, cache)
+            if self.checkpoint_blocks and torch.is_grad_enabled():
+                # Only the block's input is kept; the backward pass runs the block again for the
+                # rest (its attention sets the same memory entry again).
+                x = checkpoint(block, x, self.rotary, memory, cache, use_reentrant=False)
+            else:
+                x = block(x, self.rotary, memory, cache)
         if cache is not None:
             cache.pos += T
         if cfg.hyper_connections:

@@ -137,7 +137,7 @@ def test_layer_values_are_the_values_each_layer_attends_over(router):
     values = layer_values(model, idx)
     # By hand: each layer's raw keys/values, routed where the layer has a router; v is index 1.
     x, memory, expected, raw = model.embed(idx), [], [], []
-    block_memory = [] if router != 'none' else None  # what GPT.forward passes the blocks
+    block_memory = [None] * 3 if router != 'none' else None  # what GPT.forward passes the blocks
     with torch.no_grad():
         for block in model.blocks:
             h = block.attn_norm(x)

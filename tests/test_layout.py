@@ -57,7 +57,7 @@ def test_limes_mechanism_reads_in_one_sitting():
     # From the first router to the line where attention fills the layer memory: the whole method.
     model = lines('lime.py')
     start = next(i for i, line in enumerate(model) if line.startswith('class StaticRouter'))
-    end = next(i for i, line in enumerate(model) if 'memory.append(kv)' in line)
+    end = next(i for i, line in enumerate(model) if 'memory[self.layer_idx] = kv' in line)
     assert 0 < end - start < 150, (start, end)
 
 
