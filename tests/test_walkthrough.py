@@ -91,16 +91,17 @@ def test_walkthrough_blocks_run_in_order_at_the_prompt_and_echo_nothing(monkeypa
 
 def test_walkthrough_names_code_that_exists():
     # `Name` or `Name.attr` where Name is in lime.py, or is a CamelCase name, must resolve (in
-    # lime.py, the baseline or the exercises' answers the page points to): a renamed class or
-    # method shows up here, not in a student's afternoon.
+    # lime.py, the baseline or the exercises the page points to): a renamed class or method shows
+    # up here, not in a student's afternoon. (student.py, not answers.py: a student's copy, from
+    # python -m lab.handout, has no answers.)
     text = WALKTHROUGH.read_text()
-    answers = load('exercises/answers.py')
+    exercises = load('exercises/student.py')
     missing = []
     for name in sorted(set(re.findall(r'`([A-Za-z_]\w*(?:\.\w+)*)`', text))):
         first, *rest = name.split('.')
         if not (hasattr(lime, first) or first[0].isupper() and not first.isupper()):
             continue  # a variable, a key or a constant, such as `memory` or `LIME_EXERCISES`
-        homes = (lime, hyper_connections, answers, builtins)  # answers: exercise 6's router
+        homes = (lime, hyper_connections, exercises, builtins)  # exercises: exercise 6's router
         obj = next((getattr(home, first) for home in homes if hasattr(home, first)), None)
         for attr in rest:
             obj = getattr(obj, attr, None)
