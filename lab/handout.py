@@ -7,7 +7,8 @@ saying why (as in a clone where they were deleted by hand). It copies the files 
 they are on disk, so run it in a clone, from the repo root (docs/teaching.md says more):
 
     python -m lab.handout --out_dir=../lime-class
-    cd ../lime-class && LIME_EXERCISES=exercises/student.py python -m pytest -q tests/test_exercises.py
+    cd ../lime-class    # then, as the page says:
+    LIME_EXERCISES=exercises/student.py python -m pytest -q tests/test_exercises.py
 """
 import os
 import shutil

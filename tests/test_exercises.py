@@ -241,7 +241,8 @@ def check_not_in_sorted_order(what, got, expected, weights):
     order = weights.sort(dim=-1, descending=True, stable=True).indices
     if not torch.equal(got, expected) and torch.equal(got, expected.gather(-1, order)):
         raise Wrong(f"{what}: your mask is in sorted order, largest first, not in the weights' "
-                    "own: put each entry back at its weight's index (scatter by the sort's indices)")
+                    "own: put each entry back at its weight's index (scatter by the sort's "
+                    "indices)")
 
 
 def check_zeros_and_ones(what, got):
