@@ -99,8 +99,8 @@ def results_in_answers(found):
         if not after.startswith(ANSWER):
             fail(f"a block of {page} states its results, but no answer fold follows it: "
                  f"{results[0].strip()}")
-        shown = ("What the block printed here, and its asserts (run them too):\n\n```python\n"
-                 + '\n'.join(results) + "\n```\n\n")
+        shown = ("What the block printed here, and what it asserts (run that too):\n\n"
+                 "```python\n" + '\n'.join(results) + "\n```\n\n")
         moved[i + 1] = ('markdown', ANSWER + shown + after[len(ANSWER):])
     return moved
 
@@ -114,20 +114,21 @@ def split_results(code):
     comments = {token.start[0]: token.start[1] for token in
                 tokenize.generate_tokens(io.StringIO(code).readline)
                 if token.type == tokenize.COMMENT}  # line: column of its comment
-    results, drop, cut = [], set(), {}
+    drop, cut, shown = set(), {}, set()  # lines moved, comments cut off, prints shown with them
     for node in ast.walk(tree):
         if isinstance(node, ast.Assert) and node in tree.body:
             drop |= set(range(node.lineno, node.end_lineno + 1))
         elif is_print(node):
-            if node.end_lineno in comments:
-                cut[node.end_lineno] = comments[node.end_lineno]
             after = node.end_lineno + 1
             while after <= len(lines) and lines[after - 1].strip().startswith('#'):
                 drop.add(after)
                 after += 1
-    for number, line in enumerate(lines, 1):
-        if number in drop or number in cut:
-            results.append(line.strip())
+            if node.end_lineno in comments:
+                cut[node.end_lineno] = comments[node.end_lineno]
+            if node.end_lineno in comments or after > node.end_lineno + 1:
+                shown |= set(range(node.lineno, node.end_lineno + 1))
+    results = [line.strip() for number, line in enumerate(lines, 1)
+               if number in drop or number in shown]
     kept = [line[:cut[n]].rstrip() if n in cut else line
             for n, line in enumerate(lines, 1) if n not in drop]
     return '\n'.join(kept).strip('\n'), results
