@@ -106,9 +106,10 @@ def results_in_answers(found):
 
 
 def split_results(code):
-    """(the code without its results, the result lines): the comment on a print's last line and
-    the comment lines right after the print (what it shows), and each top-level assert (what the
-    block shows). The print stays, without its comment; result lines lose their indentation."""
+    """(the code without its results, the result lines). A block's results: the comment on a
+    print's last line and the comment lines right after the print (what it shows), and each
+    top-level assert (what the block shows). The print stays in the code, without its comment;
+    the result lines give it with its comments, and the asserts, unindented."""
     lines = code.split('\n')
     tree = ast.parse(code)
     comments = {token.start[0]: token.start[1] for token in
@@ -155,8 +156,9 @@ def build(nbformat, text, edition):
             cell = nbformat.v4.new_code_cell(source, id=f'cell-{i}')  # ids by place: stable
         else:
             cell = nbformat.v4.new_markdown_cell(source, id=f'cell-{i}')
-            if attachments(source):
-                cell.attachments = attachments(source)
+            images = attachments(source)
+            if images:
+                cell.attachments = images
         nb.cells.append(cell)
     # The kernel's version and the like would change the file on every machine: only the kind.
     nb.metadata = {'kernelspec': {'name': 'python3', 'display_name': 'Python 3',
