@@ -636,13 +636,21 @@ def main(argv=None, wait=False):
           + (f"; {replaced:,} lone surrogates (half a UTF-16 pair: no character) written as "
              "U+FFFD" if replaced else ""))
     if argv is None:  # run as a command: what to run next (train.py, calling main, runs it now)
-        if args.tokenizer == "bytes":
-            config = "config/cpu_demo.py"
-        elif prefix == PREFIXES["fineweb"]:
-            config = "config/gpt2.py"
-        else:
-            config = "config/pydoc_bpe.py"
-        print(f"next: python train.py {config} --data_dir={out_dir}")
+        print(f"next: {next_command(out_dir, prefix, args.tokenizer)}")
+
+
+def next_command(out_dir, prefix, tokenizer):
+    """The train.py command for a set just written to out_dir: the preset for its tokenizer and
+    source, and a run directory named for the data, so that it never lands in a run the preset's
+    own out_dir already holds (the quick start's out/cpu_demo, say), which train.py would refuse."""
+    if tokenizer == "bytes":
+        config = "config/cpu_demo.py"
+    elif prefix == PREFIXES["fineweb"]:
+        config = "config/gpt2.py"
+    else:
+        config = "config/pydoc_bpe.py"
+    run_dir = os.path.join("out", os.path.basename(os.path.normpath(out_dir)))
+    return f"python train.py {config} --data_dir={out_dir} --out_dir={run_dir}"
 
 
 def kept(out_dir, prefix, tokenizer):

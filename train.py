@@ -142,6 +142,9 @@ accum_steps = gradient_accumulation_steps // world_size  # micro-steps on this p
 tokens_per_step = batch_size * block_size * gradient_accumulation_steps
 log(f"tokens per step: {tokens_per_step:,} = {batch_size} batch x {block_size} block x "
     f"{gradient_accumulation_steps} micro-steps ({world_size} process{'es' * (world_size > 1)})")
+if max_iters <= warmup_iters:
+    log(f"note: max_iters={max_iters} ends within the warmup (warmup_iters={warmup_iters}): the "
+        f"learning rate rises all run, to {max_iters / warmup_iters:.0%} of its peak, no decay")
 torch.manual_seed(seed)
 
 # -----------------------------------------------------------------------------

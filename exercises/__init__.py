@@ -1,7 +1,7 @@
 """The exercises of docs/walkthrough.md: student.py to fill in, answers.py, wrong.py (typical wrong
 answers the checks must reject), and ablation.py, exercise 6's experiment. The answers are read
 from a file named by path (load): tests/test_exercises.py checks one, exercises/ablation.py
-trains one."""
+trains one. A student's copy (python -m lab.handout) has neither answers.py nor wrong.py."""
 import importlib.util
 from pathlib import Path
 

@@ -1,16 +1,20 @@
 """
 Typical wrong answers to the exercises, each a near miss of exercises/answers.py, named for its
-exercise (with what it gets wrong after the name where an exercise has several). They are not
-for students: tests/test_exercises.py runs its checks on them to prove that each check can fail,
-and fails with a message that says what is wrong.
+exercise (with what it gets wrong after the name where an exercise has several), and answers that
+hand the work to the lime.py code the exercise rebuilds. They are not for students:
+tests/test_exercises.py runs its checks on them to prove that each check can fail, and fails with
+a message that says what is wrong.
 
     python -m pytest -q tests/test_exercises.py -k wrong
 """
+import dataclasses
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from lime import StaticRouter
+import lime
+from lime import GPT, CausalSelfAttention, GPTConfig, KVCache, StaticRouter
 
 
 def static_mix(R, memory):
@@ -20,10 +24,24 @@ def static_mix(R, memory):
     return R @ kv
 
 
+def static_mix_through_lime(R, memory):
+    """Puts R in a StaticRouter and runs lime.py's own forward: lime.py's numbers, not a mix."""
+    G, S = R.size(0), len(memory)
+    router = StaticRouter(GPTConfig(n_head=G, n_embd=2 * G), layer_idx=S - 1)
+    router.mix_weights = lambda: R  # StaticRouter.forward mixes what mix_weights returns
+    return router(None, memory)
+
+
 def dynamic_probs(proj, h, n_kv_head):
     """The softmax runs over the heads instead of the source layers."""
     B, T, _ = h.shape
     return proj(h).view(B, T, n_kv_head, -1).softmax(dim=2)
+
+
+def dynamic_probs_without_bias(proj, h, n_kv_head):
+    """Multiplies h by proj's weight alone: proj's bias is left out of the logits."""
+    B, T, _ = h.shape
+    return F.linear(h, proj.weight).view(B, T, n_kv_head, -1).softmax(dim=-1)
 
 
 def router_cost(config, layer_idx):
@@ -37,6 +55,21 @@ def router_cost(config, layer_idx):
         return G * S * G, 6 * hs * G * S * G
     params = (config.n_embd + 1) * G * S
     return params, 6 * params + 6 * hs * G * S
+
+
+def router_cost_by_difference(config, layer_idx):
+    """Counts nothing: the model up to layer_idx less the one before it, each less its baseline,
+    by lime.py's own GPT.num_params and GPT.flops_per_token."""
+    def routing(n_layer):
+        if n_layer == 0:
+            return 0, 0
+        model = GPT(dataclasses.replace(config, n_layer=n_layer))
+        base = GPT(dataclasses.replace(config, n_layer=n_layer, router='none'))
+        return (model.num_params() - base.num_params(),
+                model.flops_per_token() - base.flops_per_token())
+
+    (params, flops), (params_before, flops_before) = routing(layer_idx + 1), routing(layer_idx)
+    return params - params_before, flops - flops_before
 
 
 def top_p_mask(weights, p):
@@ -70,6 +103,30 @@ def top_p_mask_keeps_no_zero_row(weights, p):
     return torch.zeros_like(keep).scatter(-1, order, keep)
 
 
+def top_p_mask_in_sorted_order(weights, p):
+    """Right in sorted order, largest first, but never put back at the weights' own indices."""
+    if p >= 1.0:
+        return torch.ones_like(weights)
+    share = weights / weights.sum(-1, keepdim=True).clamp_min(1e-30)
+    sorted_share, _ = share.sort(dim=-1, descending=True, stable=True)
+    return (sorted_share.cumsum(-1) - sorted_share < p).to(weights.dtype)
+
+
+def top_p_mask_of_bools(weights, p):
+    """Right, but a mask of bools, where the routers multiply the weights by it."""
+    if p >= 1.0:
+        return torch.ones_like(weights, dtype=torch.bool)
+    share = weights / weights.sum(-1, keepdim=True).clamp_min(1e-30)
+    sorted_share, order = share.sort(dim=-1, descending=True, stable=True)
+    keep = sorted_share.cumsum(-1) - sorted_share < p
+    return torch.zeros_like(keep).scatter(-1, order, keep)
+
+
+def top_p_mask_from_lime(weights, p):
+    """Hands the work to lime.py's own top_p_mask."""
+    return lime.top_p_mask(weights, p)
+
+
 def cached_attention(attn, h, rotary, memory, past):
     """Caches the layer's own keys and values, as a plain transformer does, and routes only the
     new token's: right for the first token, wrong for every later one in a LIMe model."""
@@ -90,6 +147,25 @@ def cached_attention(attn, h, rotary, memory, past):
         own_k, own_v = torch.cat((past[0], own_k), dim=2), torch.cat((past[1], own_v), dim=2)
     y = F.scaled_dot_product_attention(q, k, v, enable_gqa=attn.n_kv_head != attn.n_head)
     return attn.o_proj(y.transpose(1, 2).reshape(B, T, -1)), (own_k, own_v)
+
+
+def cached_attention_through_lime(attn, h, rotary, memory, past):
+    """Hands the step to lime.py's CausalSelfAttention.forward, with a KVCache holding past."""
+    layer = attn.layer_idx
+    pos = 0 if past is None else past[0].size(2)
+    cache = KVCache(layer + 1, pos + 1)
+    if past is not None:
+        cache.update(layer, *past)
+        cache.pos = pos
+    y = CausalSelfAttention.forward(attn, h, rotary, memory, cache)
+    return y, (cache.k[layer], cache.v[layer])
+
+
+def cached_attention_calls_the_layer(attn, h, rotary, memory, past):
+    """Runs the layer itself, attn(...), which is CausalSelfAttention.forward: the new token alone,
+    with no cache."""
+    y = attn(h, rotary, memory)
+    return y, past
 
 
 class RestrictedRouter(StaticRouter):
@@ -117,3 +193,19 @@ class RestrictedRouterWithoutItsOwnLayer(RestrictedRouter):
             self.sources = list(range(min(k, layer_idx + 1)))
             G = config.n_kv_head
             self.weight = nn.Parameter(torch.empty(G, len(self.sources) * G))
+
+
+class RestrictedRouterReadingItsOwnLayerTwice(StaticRouter):
+    """which='first' takes the first k of layers 0..l, its own among them, then its own layer
+    again: where l < k it reads its own layer twice, with two blocks of R."""
+
+    def __init__(self, config, layer_idx, k, which):
+        super().__init__(config, layer_idx)
+        layers = list(range(layer_idx + 1))
+        earlier = layers[:k] if which == 'first' else layers[:-1][-k:]
+        self.sources = earlier + [layer_idx]
+        G = config.n_kv_head
+        self.weight = nn.Parameter(torch.empty(G, len(self.sources) * G))
+
+    def forward(self, h, memory):
+        return self.mix_weights() @ torch.cat([memory[m] for m in self.sources], dim=3)

@@ -372,13 +372,14 @@ def main():
         fail(f"--shots={shots} needs --train_file, a task file of solved examples to draw them from")
     if train_file and not shots:
         fail("--train_file is where --shots draws solved examples from: give --shots too")
+
+    or_fail(use_fused_kernels, fused, device)
+    # The checkpoint before the task: no download for a run that is not there.
+    model, checkpoint = or_fail(load_model, os.path.join(out_dir, 'ckpt.pt'), device)
     paths = (task_file(task), task_file(train_file or task, 'train') if shots else None) if task else None
     if shots and shot_draw == 'k' and os.path.abspath(paths[1]) == os.path.abspath(paths[0]):
         fail("--shot_draw=k never drops the example scored from the draw: give a --train_file "
              "other than --task (or --shot_draw=k+1)")
-
-    or_fail(use_fused_kernels, fused, device)
-    model, checkpoint = or_fail(load_model, os.path.join(out_dir, 'ckpt.pt'), device)
     block_size = model.config.block_size
     result = {'out_dir': out_dir, 'step': checkpoint['step']}
     if data_dir:

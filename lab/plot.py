@@ -27,6 +27,7 @@ import json
 import math
 import os
 import statistics
+import sys
 
 import numpy as np
 import torch
@@ -37,7 +38,8 @@ from prepare import write_atomically
 
 try:
     import matplotlib
-    matplotlib.use('Agg')  # draw to files; no display needed
+    if 'ipykernel' not in sys.modules:  # in a notebook its own backend shows figures inline
+        matplotlib.use('Agg')  # draw to files; no display needed
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 except ImportError:
@@ -347,9 +349,10 @@ def main(argv=None):
     save(fig, config['out'] or DEFAULT_OUT[config['mode']], dpi=100)
 
 
-def save(fig, path, dpi=120):
+def save(fig, path, dpi=120, metadata=None):
     """Write fig to path (making its directory), whole or not at all (an earlier figure there is
-    kept on a full disk), or one line saying why it cannot be written."""
+    kept on a full disk), or one line saying why it cannot be written. metadata: text the file
+    keeps ({key: value}, a PNG's tEXt chunks)."""
     kinds = fig.canvas.get_supported_filetypes()  # matplotlib's: png, pdf, svg, ...
     kind = os.path.splitext(path)[1][1:].lower()
     if os.path.isdir(path) or kind not in kinds:
@@ -357,7 +360,7 @@ def save(fig, path, dpi=120):
     try:
         os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
         fig.tight_layout()
-        write_atomically(path, lambda f: fig.savefig(f, format=kind, dpi=dpi))
+        write_atomically(path, lambda f: fig.savefig(f, format=kind, dpi=dpi, metadata=metadata))
     except OSError as e:
         fail(f"cannot write {path}: {e.strerror}")
     plt.close(fig)

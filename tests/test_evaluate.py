@@ -300,6 +300,17 @@ def test_a_context_ending_in_whitespace_scores_the_word_with_its_space(gpt2):
     assert scored('harness') == (context, [' ', ' starts'])
 
 
+def test_a_missing_checkpoint_is_said_before_any_download(tmp_path):
+    # A newcomer's typo in --out_dir: one line about the checkpoint, not a download of HellaSwag.
+    result = run('lab/evaluate.py', f'--out_dir={tmp_path / "no_run"}', '--task=hellaswag',
+                 f'--cache_dir={tmp_path / "tasks"}', '--hellaswag_url=file:///nowhere/hs',
+                 check=False)
+    assert result.returncode == 1 and 'download' not in result.stderr, result.stderr
+    checkpoint = tmp_path / 'no_run' / 'ckpt.pt'
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: no checkpoint at {checkpoint} (train.py writes one to its out_dir)")
+
+
 def test_an_unknown_protocol_is_one_line(monkeypatch):
     monkeypatch.setattr(sys, 'argv', ['evaluate', '--protocol=eleuther'])
     with pytest.raises(SystemExit, match="^error: protocol must be one of 'build-nanogpt', 'harn"):

@@ -6,24 +6,26 @@ LIME_EXERCISES points them at another file, a student's:
     python -m pytest -q tests/test_exercises.py
     LIME_EXERCISES=exercises/student.py python -m pytest -q tests/test_exercises.py
 
-The same checks also run on exercises/wrong.py, one typical wrong answer per exercise, and must
-reject each with the message that names its mistake: a check that cannot fail proves nothing.
+The same checks also run on exercises/wrong.py, typical wrong answers, and must reject each with
+the message that names its mistake: a check that cannot fail proves nothing. A student's copy
+(python -m lab.handout) has neither answers.py nor wrong.py: the tests that need them skip there,
+saying why, and the student's command runs the six checks alone. (exercise 6's experiment,
+exercises/ablation.py, has its own tests: tests/test_ablation.py.)
 """
 import dataclasses
 import functools
 import inspect
 import os
 import re
-import subprocess
 import sys
 import types
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import lime
-import prepare
-from exercises import ROOT, ablation, load
+from exercises import ROOT, load
 from lime import GPT, CausalSelfAttention, DynamicRouter, GPTConfig, StaticRouter
 
 EXERCISES = ['static_mix', 'dynamic_probs', 'router_cost', 'top_p_mask', 'cached_attention',
@@ -116,9 +118,20 @@ def check_dynamic_probs(dynamic_probs):
         if max_diff(got, expected) > 1e-5:
             raise Wrong(f"{what}: each head's probabilities sum to 1, but differ from "
                         f"DynamicRouter.mix_weights's by up to {max_diff(got, expected):.3g}: "
-                        "proj's output g * S + m is head g's logit for source layer m")
+                        + probs_hint(got, router.proj, h, G))
         check_gradients(what, got, expected, [router.proj.weight, router.proj.bias, h],
                         ['proj.weight', 'proj.bias', 'h'])
+
+
+def probs_hint(got, proj, h, G):
+    """Why probabilities that sum to 1 are still wrong: the likeliest cause these inputs leave."""
+    B, T, _ = h.shape
+    without_bias = F.linear(h, proj.weight).view(B, T, G, -1).softmax(dim=-1)
+    if max_diff(got, without_bias) <= 1e-5:
+        return "they are the softmax of proj's weights times h, without proj's bias: call proj(h)"
+    if G == 1:  # one head: the order of proj's outputs cannot be what is wrong
+        return "compare with the docstring: a softmax over proj(h), one logit per source layer"
+    return "proj's output g * S + m is head g's logit for source layer m"
 
 
 def lime_routing_cost(config):
@@ -167,17 +180,20 @@ def check_top_p_mask(top_p_mask):
     torch.manual_seed(0)
     weights = 5 * torch.rand(6, 3, 7) ** 3 + 1e-3  # skewed, distinct; rows do not sum to 1
     share = weights / weights.sum(-1, keepdim=True)
-    for p in (0.3, 0.6, 0.9, 1.0):
-        what = f"top_p_mask(weights, {p}) on weights of shape (6, 3, 7)"
-        got = top_p_result(top_p_mask, weights, p, what)
+    # Two of them in float64: the mask must come back in the weights' dtype, whatever it is.
+    for p, dtype in ((0.3, torch.float32), (0.6, torch.float64), (0.9, torch.float32),
+                     (1.0, torch.float64)):
+        what = f"top_p_mask(weights, {p}) on {dtype} weights of shape (6, 3, 7)"
+        got = top_p_result(top_p_mask, weights.to(dtype), p, what)
         check_zeros_and_ones(what, got)
+        expected = lime.top_p_mask(weights.to(dtype), p)
+        check_not_in_sorted_order(what, got, expected, weights)
         kept = (share * got).sum(-1)
         if torch.any(kept < p - 1e-6):
             raise Wrong(f"{what}: in some rows the kept entries hold only {kept.min():.3f} of the "
                         f"row's total, less than p. Shares are of the row's total (the weights "
                         "need not sum to 1), and the entry that takes the kept share to p or past "
                         "it is kept too")
-        expected = lime.top_p_mask(weights, p)
         n_got, n_expected = got.sum(-1), expected.sum(-1)
         if not torch.equal(n_got, n_expected):
             row = (n_got != n_expected).nonzero()[0].tolist()
@@ -214,7 +230,19 @@ def top_p_result(top_p_mask, weights, p, what):
     if not torch.equal(weights, original):
         raise Wrong(f"{what} changed its input weights: work on a copy")
     check_shape(what, got, weights.shape, "the shape of weights")
+    if got.dtype != weights.dtype:
+        raise Wrong(f"{what} returns {got.dtype}, not the weights' dtype ({weights.dtype}): the "
+                    "routers multiply the weights by the mask")
     return got
+
+
+def check_not_in_sorted_order(what, got, expected, weights):
+    """A mask right but left in the order of the sort, largest first, says so."""
+    order = weights.sort(dim=-1, descending=True, stable=True).indices
+    if not torch.equal(got, expected) and torch.equal(got, expected.gather(-1, order)):
+        raise Wrong(f"{what}: your mask is in sorted order, largest first, not in the weights' "
+                    "own: put each entry back at its weight's index (scatter by the sort's "
+                    "indices)")
 
 
 def check_zeros_and_ones(what, got):
@@ -282,10 +310,14 @@ def decode_with(cached_attention, model, idx, router):
     cfg = model.config
     hs = cfg.n_embd // cfg.n_head
     caches = [None] * cfg.n_layer
+    running = set()  # the layers whose cached_attention is running
 
     def attention(layer, h, rotary, memory=None, cache=None):  # CausalSelfAttention.forward's
+        if layer in running:  # the answer called attn(...), which runs the layer's forward
+            raise Wrong(refusal('CausalSelfAttention.forward (which attn(...) runs)'))
         pos = 0 if caches[layer] is None else caches[layer][0].size(2)
         where = f"cached_attention with router={router!r}, at layer {layer} and token {pos}"
+        running.add(layer)
         try:
             y, caches[layer] = cached_attention(model.blocks[layer].attn, h, rotary, memory,
                                                 caches[layer])
@@ -295,6 +327,8 @@ def decode_with(cached_attention, model, idx, router):
                             f"layer {layer} the router reads {layer + 1}: append this layer's "
                             "raw keys/values to the memory before routing") from e
             raise
+        finally:
+            running.discard(layer)
         if memory is not None and len(memory) != layer + 1:
             raise Wrong(f"{where}: afterwards the memory holds {len(memory)} layers' keys/values, "
                         f"not {layer + 1}: append this layer's raw keys/values, once")
@@ -354,6 +388,11 @@ def check_RestrictedRouter(RestrictedRouter):
         if read != sources:
             raise Wrong(f"{what} reads layers {read}; it should read {sources}: {rule}")
         params = sum(p.numel() for p in router.parameters())
+        if params > G * len(sources) * G and not torch.equal(W[:, layer_idx], torch.eye(G)):
+            raise Wrong(f"{what} holds {params} numbers, G * G for each of {params // (G * G)} "
+                        f"layers, but reads {len(sources)} different ones, and its own layer's "
+                        "weight at init is not the identity: it reads a layer twice (its own, "
+                        "once among the first k and again last?). R needs one block per layer read")
         if params != G * len(sources) * G:
             raise Wrong(f"{what} holds {params} numbers; R for the {len(sources)} layers it reads "
                         f"holds G * S * G = {G * len(sources) * G}: give it only those columns")
@@ -376,6 +415,47 @@ def check_RestrictedRouter(RestrictedRouter):
 
 
 CHECKS = {name: globals()[f'check_{name}'] for name in EXERCISES}
+# What each exercise rebuilds of lime.py. An answer that calls it, imported under any name or
+# reached through a router or model the answer builds, would pass with lime.py's own numbers and
+# teach nothing: the check refuses it. (Exercise 6 builds on StaticRouter, as it is meant to.)
+REBUILT = {'static_mix': [StaticRouter.forward],
+           'dynamic_probs': [DynamicRouter.mix_weights, DynamicRouter.forward],
+           'router_cost': [GPT.num_params, GPT.flops_per_token],
+           'top_p_mask': [lime.top_p_mask],
+           'cached_attention': [CausalSelfAttention.forward],
+           'RestrictedRouter': []}
+
+
+def refusal(function):
+    return (f"it calls lime.py's {function}, the code this exercise asks you to write, so the "
+            "numbers checked would be lime.py's: write it from torch and the parts the docstring "
+            "names")
+
+
+def without_lime(answer, name):
+    """answer, refused (Wrong) if it calls what exercise name rebuilds: a profiler watches the
+    Python functions that run while it does, however the answer reached them."""
+    rebuilt = {function.__code__: function.__qualname__ for function in REBUILT[name]}
+    if not rebuilt:
+        return answer
+
+    @functools.wraps(answer)
+    def call(*args, **kwargs):
+        called = []
+
+        def watch(frame, event, arg):
+            if event == 'call' and frame.f_code in rebuilt:
+                called.append(rebuilt[frame.f_code])
+
+        previous = sys.getprofile()
+        sys.setprofile(watch)
+        try:
+            return answer(*args, **kwargs)
+        finally:  # refused whether it returned or raised: the call itself is what is wrong
+            sys.setprofile(previous)
+            if called:
+                raise Wrong(refusal(called[0]))
+    return call
 
 
 def check(module, name, path):
@@ -386,7 +466,7 @@ def check(module, name, path):
         pytest.fail(f"{name}: {path} has no function {name}", pytrace=False)
     try:
         with torch.random.fork_rng(devices=[]):  # the checks seed torch: undo it after
-            CHECKS[name](answer)
+            CHECKS[name](without_lime(answer, name))
         return
     except NotImplementedError:
         message = f"not written yet ({path} still raises NotImplementedError)"
@@ -410,41 +490,84 @@ def plain_mix_on_one_thread(monkeypatch):
 # The tests
 
 
+def exercises_file(name, needed_by):
+    """exercises/name, loaded; where this copy lacks it (a student's, from python -m lab.handout,
+    or a clone with it deleted), the test skips, saying why."""
+    path = ROOT / 'exercises' / name
+    if not path.is_file():
+        pytest.skip(f"exercises/{name} is not in this copy (a student's handout leaves it out): "
+                    f"{needed_by}")
+    return load(path)
+
+
+def student_answers(path):
+    """The file LIME_EXERCISES names, loaded; one line where it cannot be."""
+    try:
+        return load(path)
+    except FileNotFoundError as e:
+        pytest.fail(str(e), pytrace=False)
+    except SyntaxError as e:
+        pytest.fail(f"{path}, line {e.lineno}: {e.msg}", pytrace=False)
+
+
 @pytest.mark.parametrize('name', EXERCISES)
 def test_answer_passes_the_check(name):
-    path = os.environ.get('LIME_EXERCISES', 'exercises/answers.py')
-    check(load(path), name, path)
+    path = os.environ.get('LIME_EXERCISES')
+    if path is None:
+        path = 'exercises/answers.py'
+        answers = exercises_file('answers.py', "check your own answers: LIME_EXERCISES="
+                                 "exercises/student.py python -m pytest -q tests/test_exercises.py")
+    else:
+        answers = student_answers(path)
+    check(answers, name, path)
 
 
 # Each answer in exercises/wrong.py: (its exercise, part of the message the check must give it).
 WRONG_ANSWERS = {
     'static_mix': ('static_mix', "so look at the order: R's columns go layer by layer"),
+    'static_mix_through_lime': ('static_mix', "calls lime.py's StaticRouter.forward"),
     'dynamic_probs': ('dynamic_probs', "must sum to 1 over the S source layers"),
+    'dynamic_probs_without_bias': ('dynamic_probs', "without proj's bias: call proj(h)"),
     'router_cost': ('router_cost', "Your mix's part is half of it"),
+    'router_cost_by_difference': ('router_cost', "calls lime.py's GPT.num_params"),
     'top_p_mask': ('top_p_mask', "less than p"),
     'top_p_mask_keeps_every_tie': ('top_p_mask', "among equal weights the lower index ranks first"),
     'top_p_mask_keeps_no_zero_row': ('top_p_mask', "a row of zeros keeps every entry"),
+    'top_p_mask_in_sorted_order': ('top_p_mask', "your mask is in sorted order, largest first"),
+    'top_p_mask_of_bools': ('top_p_mask', "returns torch.bool, not the weights' dtype"),
+    'top_p_mask_from_lime': ('top_p_mask', "calls lime.py's top_p_mask"),
     'cached_attention': ('cached_attention', "look at what the cache keeps for past tokens"),
+    'cached_attention_through_lime': ('cached_attention',
+                                      "calls lime.py's CausalSelfAttention.forward"),
+    'cached_attention_calls_the_layer': ('cached_attention', "forward (which attn(...) runs)"),
     'RestrictedRouter': ('RestrictedRouter', "reads layers [4, 5]; it should read [3, 4, 5]"),
     'RestrictedRouterWithoutItsOwnLayer': ('RestrictedRouter',
                                            "reads layers [0, 1]; it should read [0, 1, 5]"),
+    'RestrictedRouterReadingItsOwnLayerTwice': ('RestrictedRouter', "it reads a layer twice"),
 }
+WRONG_NEEDED = "it holds the wrong answers that prove the checks can fail"
 
 
 @pytest.mark.parametrize('wrong', WRONG_ANSWERS)
 def test_check_rejects_the_typical_wrong_answer(wrong):
     exercise, message = WRONG_ANSWERS[wrong]
-    answers = types.SimpleNamespace(**{exercise: getattr(load('exercises/wrong.py'), wrong)})
+    answer = getattr(exercises_file('wrong.py', WRONG_NEEDED), wrong)
     with pytest.raises(pytest.fail.Exception, match=re.escape(message)):
-        check(answers, exercise, 'exercises/wrong.py')
+        check(types.SimpleNamespace(**{exercise: answer}), exercise, 'exercises/wrong.py')
 
 
 def test_every_wrong_answer_is_checked_and_every_exercise_has_one():
-    wrong = load('exercises/wrong.py')
+    wrong = exercises_file('wrong.py', WRONG_NEEDED)
     defined = {name for name, value in vars(wrong).items()
                if callable(value) and getattr(value, '__module__', None) == wrong.__name__}
     assert defined == set(WRONG_ANSWERS)
     assert {exercise for exercise, _ in WRONG_ANSWERS.values()} == set(EXERCISES)
+
+
+def test_an_answer_that_is_lime_pys_own_function_is_refused():
+    # `from lime import top_p_mask` in place of an answer: it passes every other check.
+    with pytest.raises(pytest.fail.Exception, match="top_p_mask: it calls lime.py's top_p_mask"):
+        check(types.SimpleNamespace(top_p_mask=lime.top_p_mask), 'top_p_mask', 'a student file')
 
 
 def test_an_unwritten_exercise_says_not_written_yet():
@@ -457,44 +580,10 @@ def test_an_unwritten_exercise_says_not_written_yet():
 
 
 def test_student_file_has_each_exercise_with_the_answers_signature_and_docstring():
-    student, answers = load('exercises/student.py'), load('exercises/answers.py')
+    answers = exercises_file('answers.py', "this test compares exercises/student.py with it")
+    student = load('exercises/student.py')
     for name in EXERCISES:
         mine, theirs = getattr(student, name, None), getattr(answers, name)
         assert mine is not None, f"exercises/student.py has no {name}"
         assert inspect.signature(mine) == inspect.signature(theirs), f"{name}: signatures differ"
         assert mine.__doc__ == theirs.__doc__, f"{name}: student.py's docstring is not answers.py's"
-
-
-def test_ablation_starts_every_router_of_a_seed_from_the_same_other_weights():
-    RestrictedRouter = load('exercises/answers.py').RestrictedRouter
-    models = {name: ablation.build(name, 3, RestrictedRouter) for name in ablation.ROUTERS}
-    baseline = dict(models['none'].named_parameters())  # every weight but the routers'
-    for name, model in models.items():
-        weights = dict(model.named_parameters())
-        for key, weight in baseline.items():
-            assert torch.equal(weights[key], weight), (name, key)
-    routers = [r.weight.shape for r in models['first'].routers()]
-    assert routers[:2] == [(4, 8), (4, 12)] and routers[-1] == (4, 12)  # k = 2 earlier, and its own
-
-
-def test_ablation_trains_each_router_at_each_seed_and_compares_them(tmp_path):
-    data = tmp_path / 'data'
-    prepare.main(['--out_dir', str(data), '--workers', '1', '--tokenizer', 'bytes'])
-    tiny = [f'--data_dir={data}', '--n_layer=4', '--n_embd=32', '--block_size=32', '--batch_size=4',
-            '--max_iters=3', '--warmup_iters=1', '--seeds=2', '--k=1']
-    env = {**os.environ, 'OMP_NUM_THREADS': '1'}
-    result = subprocess.run([sys.executable, '-m', 'exercises.ablation', *tiny,
-                             '--routers=none,all,first,last'], capture_output=True, text=True,
-                            cwd=ROOT, env=env, timeout=300)
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
-    for seed in (1, 2):
-        for name in ('none', 'all', 'first', 'last'):
-            assert any(line.startswith(f'seed {seed}, {name}: ') for line in lines), result.stdout
-    assert '| seed | none | all | first | last |' in lines and '| 2 | ' in result.stdout
-    assert any(line.startswith('first vs all: lower in ') for line in lines), result.stdout
-    unwritten = subprocess.run([sys.executable, '-m', 'exercises.ablation', *tiny,
-                                '--exercises=exercises/student.py'], capture_output=True,
-                               text=True, cwd=ROOT, env=env, timeout=300)
-    assert unwritten.returncode == 1 and unwritten.stderr.strip().splitlines()[-1] == (
-        "error: exercises/student.py: RestrictedRouter is not written yet (exercise 6)")

@@ -243,6 +243,19 @@ def test_fineweb_without_datasets_package_says_pip_install_datasets(tmp_path, mo
         run(tmp_path / "out", "--source", "fineweb")
 
 
+def test_next_line_trains_into_a_run_directory_of_its_own(tmp_path):
+    # A newcomer after the quick start (its run is in out/cpu_demo) prepares a text of their own:
+    # the command prepare.py suggests must not train into out/cpu_demo, which train.py refuses.
+    text = tmp_path / "my.txt"
+    text.write_text("A text of my own, said again and again. " * 1000)
+    result = subprocess.run([sys.executable, PREPARE_PY, "--input", str(text), "--tokenizer=bytes"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == (
+        "next: python train.py config/cpu_demo.py --data_dir=data/local_bytes "
+        "--out_dir=out/local_bytes")
+
+
 # -----------------------------------------------------------------------------
 # errors a user sees
 

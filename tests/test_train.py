@@ -90,7 +90,8 @@ def assert_clean_error(result, *fragments):
 @pytest.mark.parametrize('router', ['none', 'static', 'dynamic'])
 def test_a_few_training_steps_lower_the_loss_and_sampling_works(data_dir, tmp_path, router):
     out = tmp_path / 'out'
-    train(data_dir, out, f'--router={router}', '--max_iters=30', '--eval_interval=30')
+    result = train(data_dir, out, f'--router={router}', '--max_iters=30', '--eval_interval=30')
+    assert 'within the warmup' not in result.stdout  # 2 steps of warmup, then 28 of decay
     train_loss, val_loss = read_log(out)
     assert train_loss[30] < train_loss[1] - 1.0, train_loss
     assert val_loss[30] < val_loss[0] - 1.0, val_loss
@@ -174,7 +175,9 @@ def test_a_short_last_shard_is_skipped_and_the_run_trains_past_it(data_dir, tmp_
 
 def test_a_repeated_command_keeps_the_earlier_run_unless_told_to_overwrite(data_dir, tmp_path):
     out = tmp_path / 'out'
-    train(data_dir, out, '--max_iters=2', '--eval_interval=2')
+    result = train(data_dir, out, '--max_iters=2', '--eval_interval=2')
+    # Both steps warm up (TINY's warmup_iters=2): said once, not found later in the curves.
+    assert result.stdout.count('note: max_iters=2 ends within the warmup (warmup_iters=2)') == 1
     before = {path.name: path.read_bytes() for path in out.iterdir()}
     assert_clean_error(train(data_dir, out, '--max_iters=2', '--eval_interval=2', check=False),
                        f'{out} holds a run (ckpt.pt, log.txt)', '--init_from=resume', '--overwrite=True')
