@@ -78,7 +78,8 @@ class LayerMemory:
             # Through .data: autograd's version check would take this write for a change to the
             # buffer that earlier mixes saved for their backward (the module's docstring).
             self.rows.data[layer] = head_major(kv.detach())
-            self.sources[layer] = None  # the rows hold it now: let it be freed
+        # The rows hold them now (and a block run again finds its rows written): let them go.
+        self.sources[:S] = [None] * S
         self.written = max(self.written, S)
         return first, sources
 
