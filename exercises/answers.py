@@ -94,8 +94,9 @@ def cached_attention(attn, h, rotary, memory, past):
     model and at layer 0), n_head, n_kv_head and head_size. h: (B, 1, D), the new token's normed
     input at this layer. rotary: the model's lime.Rotary; rotary(x, pos) applies RoPE to
     x (B, T, heads, hs) whose first token is at position pos. memory: None without routers,
-    else the list of the new token's raw keys/values (B, 1, 2, G, hs) of the earlier layers,
-    which this layer extends with its own (later layers read them). past: None at the first
+    else the layer memory, a list with an entry per layer: the new token's raw keys/values
+    (B, 1, 2, G, hs) at the earlier layers' entries; set this layer's own entry (later layers
+    read it), and give the router the entries of layers 0..l. past: None at the first
     token, else the cache this function returned for this layer at the previous token.
     Returns (y, (k, v)): y (B, 1, D), the layer's output for the new token, and the cache for
     the next token: k and v, (B, G, P + 1, hs) each, where P tokens were in past. The new token
@@ -106,9 +107,10 @@ def cached_attention(attn, h, rotary, memory, past):
     q = attn.q_proj(h).view(B, T, attn.n_head, attn.head_size)  # (B, 1, H, hs)
     kv = attn.kv_proj(h).view(B, T, 2, attn.n_kv_head, attn.head_size)  # (B, 1, 2, G, hs)
     if memory is not None:
-        memory.append(kv)  # raw, as later layers' routers expect it
+        memory[attn.layer_idx] = kv  # raw, as later layers' routers expect it
     if attn.router is not None:
-        kv = attn.router(h, memory)  # the routed mix: it never changes for this token again
+        # the routed mix of layers 0..l: it never changes for this token again
+        kv = attn.router(h, memory[:attn.layer_idx + 1])
     k, v = kv.unbind(dim=2)  # (B, 1, G, hs) each
     q, k = rotary(q, pos), rotary(k, pos)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, 1, hs)

@@ -135,8 +135,8 @@ def cached_attention(attn, h, rotary, memory, past):
     q = attn.q_proj(h).view(B, T, attn.n_head, attn.head_size)
     kv = attn.kv_proj(h).view(B, T, 2, attn.n_kv_head, attn.head_size)
     if memory is not None:
-        memory.append(kv)
-    routed = attn.router(h, memory) if attn.router is not None else kv
+        memory[attn.layer_idx] = kv
+    routed = attn.router(h, memory[:attn.layer_idx + 1]) if attn.router is not None else kv
     own_k, own_v = kv.unbind(dim=2)
     k, v = routed.unbind(dim=2)
     q, k, own_k = rotary(q, pos), rotary(k, pos), rotary(own_k, pos)

@@ -119,7 +119,7 @@ def test_routing_weights_are_distributions_over_earlier_layers(router):
     later = torch.ones(L, L).triu(diagonal=1).bool()  # [l, m] is True where m > l
     assert torch.all(weights.permute(1, 0, 2)[:, later] == 0), "a layer reads a later layer"
     if router == 'dynamic':  # by hand for the last layer: its router's probabilities, averaged over the tokens
-        h, memory = model.embed(idx), []
+        h, memory = model.embed(idx), [None] * len(model.blocks)  # as GPT.forward makes it
         with torch.no_grad():
             for block in model.blocks[:-1]:
                 h = block(h, model.rotary, memory)
@@ -302,7 +302,7 @@ def test_hidden_states_are_each_blocks_output_and_the_last_gives_the_logits(hype
     assert [tuple(h.shape) for h in hidden] == [(2, 12, 16)] * 3
     with torch.no_grad():
         logits, _ = model(idx)
-        x, memory = model.embed(idx), []
+        x, memory = model.embed(idx), [None] * len(model.blocks)  # as GPT.forward makes it
         if n:
             x = x.unsqueeze(2).expand(-1, -1, n, -1)  # (B, T, n, D), as GPT.forward starts them
         for l, block in enumerate(model.blocks):

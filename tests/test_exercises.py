@@ -321,17 +321,22 @@ def decode_with(cached_attention, model, idx, router):
         try:
             y, caches[layer] = cached_attention(model.blocks[layer].attn, h, rotary, memory,
                                                 caches[layer])
-        except RuntimeError as e:  # a router given the wrong number of layers fails inside
-            if memory is not None and len(memory) != layer + 1:
-                raise Wrong(f"{where}: the memory holds {len(memory)} layers' keys/values; at "
-                            f"layer {layer} the router reads {layer + 1}: append this layer's "
-                            "raw keys/values to the memory before routing") from e
+        except (RuntimeError, TypeError) as e:  # a router given other layers fails inside
+            if memory is not None and memory[layer] is None:
+                raise Wrong(f"{where}: the router reads layers 0..{layer}, and the memory has no "
+                            f"entry for layer {layer}: set memory[attn.layer_idx] to this layer's "
+                            "raw keys/values before routing") from e
+            if memory is not None:
+                raise Wrong(f"{where}: the router failed on what it was given ({e}); at layer "
+                            f"{layer} it reads the {layer + 1} entries of layers 0..{layer}: "
+                            f"memory[:attn.layer_idx + 1]") from e
             raise
         finally:
             running.discard(layer)
-        if memory is not None and len(memory) != layer + 1:
-            raise Wrong(f"{where}: afterwards the memory holds {len(memory)} layers' keys/values, "
-                        f"not {layer + 1}: append this layer's raw keys/values, once")
+        if memory is not None and memory[layer] is None:
+            raise Wrong(f"{where}: afterwards the memory has no entry for layer {layer}: set "
+                        "memory[attn.layer_idx] to this layer's raw keys/values (later layers "
+                        "read it)")
         check_shape(f"{where}: its output", y, (B, 1, cfg.n_embd), "(B, 1, D)")
         if not (isinstance(caches[layer], tuple) and len(caches[layer]) == 2):
             raise Wrong(f"{where}: the cache it returns is not a pair (k, v)")

@@ -218,7 +218,7 @@ def test_the_data_flow_figure_is_drawn_from_the_pages_mermaid_and_shown_in_the_r
         "assets/data_flow.png is not drawn from the page's Mermaid figure: python -m lab.dataflow"
     # The figure names the code it draws, which must still be there.
     model = (ROOT / 'lime.py').read_text()
-    for name in ('attn_norm', 'q_proj', 'kv_proj', 'memory.append', 'o_proj', 'KVCache'):
+    for name in ('attn_norm', 'q_proj', 'kv_proj', 'memory[self.layer_idx]', 'o_proj', 'KVCache'):
         assert name in figure[0] and name in model, name
 
 
