@@ -16,7 +16,7 @@ from contextlib import nullcontext
 
 import torch
 
-from lime import memory_bytes
+from lime import memory_limit
 
 # What a key may hold: a test, and how an error states it. A script gives a key a kind or a tuple
 # of allowed values where the script itself uses the value; the model's keys are checked where they
@@ -103,14 +103,15 @@ def fail(message):
     raise SystemExit(f"error: {message}")
 
 
-def check_memory(nbytes, device, what):
-    """Stop in one line where what, nbytes at the least, cannot fit device's memory: a script's
-    own arrays, sized by its keys (the model's weights are lime.GPTConfig's to check). Beyond the
-    memory they would end in torch's traceback, or in the OOM killer's kill."""
-    have = memory_bytes(device)
+def check_memory(nbytes, device, what, hint=''):
+    """Stop in one line where what, nbytes at the least, cannot fit in what this process has left
+    on device (lime.memory_limit: the least of its limits, named): a job's arrays, sized by a
+    script's keys (the model's weights are lime.GPTConfig's to check). Beyond the memory they
+    would end in torch's traceback, or in the OOM killer's kill. hint: what to lower."""
+    have, limit = memory_limit(device)
     if have is not None and nbytes > have:
-        fail(f"{what} take {nbytes / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB of "
-             f"{device}")
+        fail(f"{what} take {nbytes / 2**30:,.1f} GiB, more than the {max(have, 0) / 2**30:,.1f} "
+             f"GiB {limit}" + (f": {hint}" if hint else ""))
 
 
 def or_fail(call, *args, **kwargs):

@@ -17,6 +17,8 @@ head size, S source layers (l + 1 at layer l). Keys and values travel together a
 """
 import math
 import os
+import pickle
+import re
 import sys
 import zipfile
 from dataclasses import asdict, dataclass
@@ -24,6 +26,11 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+try:
+    import resource  # a process's limits (POSIX)
+except ImportError:  # Windows: none
+    resource = None
 
 ROUTERS = ('none', 'static', 'dynamic')
 
@@ -71,13 +78,14 @@ class GPTConfig:
                              f"multiple of n_kv_head ({self.n_kv_head})")
         # The one bound on the model's size, checked before anything is allocated: a model too
         # big for memory would end in torch's traceback or the OOM killer. Every script builds the
-        # model in this machine's memory first (float32), then moves it to its device.
+        # model in this machine's memory first (float32), then moves it to its device. (What a
+        # job needs beyond it, the scripts check: train.py training's, sample.py the KV cache.)
         need = 4 * self.num_floats()
-        have = memory_bytes('cpu')
+        have, limit = memory_limit('cpu')
         if have is not None and need > have:
             raise ValueError(f"the model's weights alone take {need / 2**30:,.1f} GiB, more than "
-                             f"this machine's {have / 2**30:,.1f} GiB: lower n_layer, n_embd, "
-                             "mlp_hidden, hyper_connections, vocab_size or block_size")
+                             f"the {max(have, 0) / 2**30:,.1f} GiB {limit}: lower n_layer, "
+                             "n_embd, mlp_hidden, hyper_connections, vocab_size or block_size")
 
     @property
     def padded_vocab(self):
@@ -499,15 +507,25 @@ def load_checkpoint(path, device, keys=('step', 'best_val_loss')):
         with zipfile.ZipFile(path) as archive:  # torch.load skips its CRCs: read it once more
             if (damaged := archive.testzip()) is not None:
                 raise ValueError(f"{damaged} fails its checksum")
-        checkpoint = torch.load(path, map_location=device)
+        # Tensors and plain values only: a pickle may hold code that loading would run (torch
+        # before 2.6 loads anything unless told weights_only, the default since)
+        checkpoint = torch.load(path, map_location=device, weights_only=True)
     except OSError as e:  # unreadable (no permission), or gone since the check above
         raise ValueError(f"could not read checkpoint {path}: {e.strerror or e}") from None
+    except pickle.UnpicklingError as e:  # what weights_only refused: a function, a class
+        found = re.search(r'GLOBAL (\S+)', str(e))
+        held = found.group(1) if found else 'an object'
+        raise ValueError(f"{path} holds {held}, not only tensors and plain values as train.py's "
+                         "checkpoints do: refused unread (loading it could run any code)") from None
     except Exception as e:
         raise ValueError(f"could not read checkpoint {path} (damaged, or not saved by train.py): "
                          f"{last_line(e)}") from None
-    kinds = {'step': int, 'best_val_loss': (int, float)}  # the others are dicts
+    kinds = {'step': int, 'best_val_loss': (int, float), 'val_loss': (int, float),
+             'val_step': int}  # the others are dicts
     wrong = [k for k in ('model', 'model_args', *keys) if not isinstance(checkpoint, dict)
              or not isinstance(checkpoint.get(k), kinds.get(k, dict))]
+    if not wrong and ('val_loss' in checkpoint or 'val_step' in checkpoint):  # older: neither
+        wrong = [k for k in ('val_loss', 'val_step') if not isinstance(checkpoint.get(k), kinds[k])]
     if wrong:
         raise ValueError(f"{path} is not a checkpoint saved by train.py: it lacks "
                          f"{', '.join(wrong)} (or holds another kind of value)")
@@ -518,15 +536,39 @@ def load_checkpoint(path, device, keys=('step', 'best_val_loss')):
     except (TypeError, ValueError, RuntimeError) as e:
         raise ValueError(f"{path}: its model does not load into this lime.py: "
                          f"{last_line(e)}") from None
+    # train.py saves no such weights; older versions did, on a stop between two log lines
+    if bad := non_finite(model):
+        more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+        raise ValueError(f"{path}: its weights are not finite (nan or inf in {bad[0]}{more}): "
+                         "those of a run that diverged, which would only give nan")
     return model.eval().to(device), checkpoint
+
+
+def non_finite(model):
+    """The names of model's weights that hold a nan or an inf: a diverged run's, never saved."""
+    return [name for name, w in model.state_dict().items()
+            if w.is_floating_point() and not torch.isfinite(w).all()]
 
 
 def load_model(path, device):
     """load_checkpoint, saying what it loaded: for the tools that use a trained model."""
     model, checkpoint = load_checkpoint(path, device)
     print(f"loaded {path}: step {checkpoint['step']}, router={model.config.router}, "
-          f"val loss {checkpoint['best_val_loss']:.4f}", file=sys.stderr)
+          f"{val_loss_of(checkpoint)}", file=sys.stderr)
     return model, checkpoint
+
+
+def val_loss_of(checkpoint):
+    """What a checkpoint says of its validation loss: that of its own weights where it was saved
+    at an evaluation, else the last evaluation's before it (a stop between two). Older versions
+    saved only the best of the run's evaluations, inf before the first after step 0."""
+    if 'val_loss' not in checkpoint:
+        best = checkpoint['best_val_loss']
+        return f"best val loss {best:.4f}" if math.isfinite(best) else "not evaluated"
+    loss, step = checkpoint['val_loss'], checkpoint['val_step']
+    if step == checkpoint['step']:
+        return f"val loss {loss:.4f}"
+    return f"val loss {loss:.4f} at step {step}, its last evaluation"
 
 
 def last_line(error):
@@ -535,10 +577,70 @@ def last_line(error):
     return lines[-1] if lines else type(error).__name__
 
 
-def memory_bytes(device):
-    """The memory of device: a CUDA GPU's, else this machine's; None where it cannot be known."""
+# -----------------------------------------------------------------------------
+# The memory a job may still take, checked before it takes it: past it a job ends in torch's
+# traceback, or is killed (the OOM killer, a scheduler), with nothing said.
+def memory_limit(device):
+    """(the bytes this process may still allocate on device, what leaves it that: words that
+    follow "more than N GiB"), or (None, None) where nothing is known. A GPU: its free memory.
+    The CPU: the least that any limit on this process leaves it, less what it holds now: this
+    machine's memory, its cgroup's (a container's or a scheduler's job's) and its address space
+    (ulimit -v, which counts every mapping, so what it has mapped counts too)."""
     if str(device).startswith('cuda'):
-        return torch.cuda.get_device_properties(torch.device(device)).total_memory
-    if not hasattr(os, 'sysconf'):  # Windows
+        free, total = torch.cuda.mem_get_info(torch.device(device))
+        return free, f"free on {device} (of its {total / 2**30:,.1f} GiB)"
+    mapped, resident = held_bytes()
+    left = []  # (bytes, what leaves them)
+    if hasattr(os, 'sysconf'):  # not on Windows
+        ram = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+        left.append((ram - resident, f"left to this process of this machine's {ram / 2**30:,.1f} "
+                                     "GiB"))
+    if (cgroup := cgroup_limit()) is not None:
+        limit, path = cgroup
+        left.append((limit - resident, f"left to this process by its cgroup's limit ({path}: "
+                                       f"{limit / 2**30:,.1f} GiB)"))
+    if resource is not None:
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]  # the soft limit: the one that holds
+        if limit != resource.RLIM_INFINITY:
+            left.append((limit - mapped, f"left to this process by its address-space limit "
+                                         f"(ulimit -v, RLIMIT_AS: {limit / 2**30:,.1f} GiB)"))
+    return min(left, default=(None, None))
+
+
+def held_bytes():
+    """(the address space this process has mapped, the memory it holds): Linux's /proc/self/statm,
+    else (0, 0)."""
+    try:
+        with open('/proc/self/statm') as f:
+            pages = f.read().split()
+    except OSError:  # not Linux
+        return 0, 0
+    return int(pages[0]) * os.sysconf('SC_PAGE_SIZE'), int(pages[1]) * os.sysconf('SC_PAGE_SIZE')
+
+
+def cgroup_limit():
+    """(the least memory limit of this process's cgroup and those above it, its file), or None:
+    cgroup v2's memory.max, or v1's memory.limit_in_bytes (Linux only)."""
+    try:
+        with open('/proc/self/cgroup') as f:
+            lines = f.read().splitlines()
+    except OSError:
         return None
-    return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+    limits = []
+    for line in lines:  # hierarchy-id:controllers:path, and v2's controllers are ''
+        _, controllers, path = line.split(':', 2)
+        if controllers == '':
+            root, name = '/sys/fs/cgroup', 'memory.max'
+        elif 'memory' in controllers.split(','):
+            root, name = '/sys/fs/cgroup/memory', 'memory.limit_in_bytes'
+        else:
+            continue
+        directory = os.path.normpath(root + path)
+        while directory.startswith(root):  # a limit on a cgroup holds for those below it too
+            try:
+                with open(os.path.join(directory, name)) as f:
+                    limits.append((int(f.read()), os.path.join(directory, name)))
+            except (OSError, ValueError):  # none there, or 'max': no limit
+                pass
+            directory = os.path.dirname(directory)
+    return min(limits, default=None)
