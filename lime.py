@@ -27,10 +27,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-try:
-    import resource  # a process's limits (POSIX)
-except ImportError:  # Windows: none
-    resource = None
+from configurator import memory_limit
 
 ROUTERS = ('none', 'static', 'dynamic')
 
@@ -77,9 +74,9 @@ class GPTConfig:
                              "of even size (RoPE rotates channel pairs), and n_head must be a "
                              f"multiple of n_kv_head ({self.n_kv_head})")
         # The one bound on the model's size, checked before anything is allocated: a model too
-        # big for memory would end in torch's traceback or the OOM killer. Every script builds the
-        # model in this machine's memory first (float32), then moves it to its device. (What a
-        # job needs beyond it, the scripts check: train.py training's, sample.py the KV cache.)
+        # big would end in torch's traceback or the OOM killer. Every script builds the model in
+        # the CPU's memory first (float32; memory_limit: the least that RAM, a cgroup or ulimit -v
+        # leave), then moves it. What a job needs beyond, train.py and sample.py check.
         need = 4 * self.num_floats()
         have, limit = memory_limit('cpu')
         if have is not None and need > have:
@@ -575,72 +572,3 @@ def last_line(error):
     """The last line of torch's long messages: the most specific (it names a missing weight)."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return lines[-1] if lines else type(error).__name__
-
-
-# -----------------------------------------------------------------------------
-# The memory a job may still take, checked before it takes it: past it a job ends in torch's
-# traceback, or is killed (the OOM killer, a scheduler), with nothing said.
-def memory_limit(device):
-    """(the bytes this process may still allocate on device, what leaves it that: words that
-    follow "more than N GiB"), or (None, None) where nothing is known. A GPU: its free memory.
-    The CPU: the least that any limit on this process leaves it, less what it holds now: this
-    machine's memory, its cgroup's (a container's or a scheduler's job's) and its address space
-    (ulimit -v, which counts every mapping, so what it has mapped counts too)."""
-    if str(device).startswith('cuda'):
-        free, total = torch.cuda.mem_get_info(torch.device(device))
-        return free, f"free on {device} (of its {total / 2**30:,.1f} GiB)"
-    mapped, resident = held_bytes()
-    left = []  # (bytes, what leaves them)
-    if hasattr(os, 'sysconf'):  # not on Windows
-        ram = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
-        left.append((ram - resident, f"left to this process of this machine's {ram / 2**30:,.1f} "
-                                     "GiB"))
-    if (cgroup := cgroup_limit()) is not None:
-        limit, path = cgroup
-        left.append((limit - resident, f"left to this process by its cgroup's limit ({path}: "
-                                       f"{limit / 2**30:,.1f} GiB)"))
-    if resource is not None:
-        limit = resource.getrlimit(resource.RLIMIT_AS)[0]  # the soft limit: the one that holds
-        if limit != resource.RLIM_INFINITY:
-            left.append((limit - mapped, f"left to this process by its address-space limit "
-                                         f"(ulimit -v, RLIMIT_AS: {limit / 2**30:,.1f} GiB)"))
-    return min(left, default=(None, None))
-
-
-def held_bytes():
-    """(the address space this process has mapped, the memory it holds): Linux's /proc/self/statm,
-    else (0, 0)."""
-    try:
-        with open('/proc/self/statm') as f:
-            pages = f.read().split()
-    except OSError:  # not Linux
-        return 0, 0
-    return int(pages[0]) * os.sysconf('SC_PAGE_SIZE'), int(pages[1]) * os.sysconf('SC_PAGE_SIZE')
-
-
-def cgroup_limit():
-    """(the least memory limit of this process's cgroup and those above it, its file), or None:
-    cgroup v2's memory.max, or v1's memory.limit_in_bytes (Linux only)."""
-    try:
-        with open('/proc/self/cgroup') as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    limits = []
-    for line in lines:  # hierarchy-id:controllers:path, and v2's controllers are ''
-        _, controllers, path = line.split(':', 2)
-        if controllers == '':
-            root, name = '/sys/fs/cgroup', 'memory.max'
-        elif 'memory' in controllers.split(','):
-            root, name = '/sys/fs/cgroup/memory', 'memory.limit_in_bytes'
-        else:
-            continue
-        directory = os.path.normpath(root + path)
-        while directory.startswith(root):  # a limit on a cgroup holds for those below it too
-            try:
-                with open(os.path.join(directory, name)) as f:
-                    limits.append((int(f.read()), os.path.join(directory, name)))
-            except (OSError, ValueError):  # none there, or 'max': no limit
-                pass
-            directory = os.path.dirname(directory)
-    return min(limits, default=None)

@@ -160,10 +160,9 @@ class Batches:
     stretch of span = B*T*world_size tokens and process `rank` its slice, so a run sees the same
     tokens for any number of processes. Every shard is checked here, before step 0, not first when
     a run reaches it; one too short for a micro-step (like the last one prepare.py writes) is
-    skipped, with a note to log. A shard is checked again each time it is opened, against what it
-    was at the start (the file itself, its size and modification time: a shard replaced or
-    rewritten since, with other data of the same vocabulary, say), and then copied into memory,
-    where nothing can change it. Raises ValueError, saying why, where data can't serve."""
+    skipped, with a note to log. A shard opened is checked again against its file at the start
+    (replaced or rewritten since, it stops the run) and copied into memory. Raises ValueError,
+    saying why, where data can't serve."""
 
     def __init__(self, data_dir, B, T, rank=0, world_size=1, vocab_size=None, log=print):
         self.files = shard_paths(data_dir, "train")
@@ -197,7 +196,7 @@ class Batches:
         self.shard, self.tokens = shard, self.open(shard)
 
     def open(self, shard):
-        """The shard's tokens, a copy in memory, once it is checked to be the file of the start."""
+        """The shard's tokens, copied into memory, once checked to be the file of the start."""
         path = self.files[shard]
         tokens = read_shard(path, self.vocab_size)  # whole, its ids in the vocabulary
         if file_identity(path) != self.seen[shard]:
@@ -218,12 +217,8 @@ class Batches:
 
 
 def file_identity(path):
-    """What tells a file from its replacement, cheaply: its inode (a new file, renamed over it),
-    size and modification time (written to in place). ValueError where it cannot be read."""
-    try:
-        stat = os.stat(path)
-    except OSError as e:
-        raise ValueError(f"{path}: could not read it ({e.strerror})") from None
+    """What tells a file from one renamed over it (its inode) or rewritten (size, mtime)."""
+    stat = os.stat(path)
     return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 

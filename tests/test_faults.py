@@ -695,11 +695,11 @@ def test_a_cgroups_memory_limit_is_found_above_the_process_and_named(tmp_path, m
             raise FileNotFoundError(path)
         return io.StringIO(files[path])
 
-    monkeypatch.setattr(lime, 'open', fake_open, raising=False)
-    assert lime.cgroup_limit() == (2**30, f'{memory}/job/{name}')
-    monkeypatch.setattr(lime, 'held_bytes', lambda: (0, 0))
-    assert lime.memory_limit('cpu') == (2**30, "left to this process by its cgroup's limit "
-                                               f"({memory}/job/{name}: 1.0 GiB)")
+    monkeypatch.setattr(configurator, 'open', fake_open, raising=False)
+    assert configurator.cgroup_limit() == (2**30, f'{memory}/job/{name}')
+    monkeypatch.setattr(configurator, 'held_bytes', lambda: (0, 0))
+    assert configurator.memory_limit('cpu') == (
+        2**30, f"left to this process by its cgroup's limit ({memory}/job/{name}: 1.0 GiB)")
     with pytest.raises(SystemExit, match=rf"^error: 2 GiB of samples take 2.0 GiB, more than the "
                                          rf"1.0 GiB left to this process by its cgroup's limit"):
         configurator.check_memory(2 * 2**30, 'cpu', '2 GiB of samples')
