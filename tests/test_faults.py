@@ -561,6 +561,7 @@ def refusal(monkeypatch, tool, run_dir):
     monkeypatch.setattr(sys, 'argv', [tool, *(a.format(run=run_dir) for a in TOOLS[tool])])
     monkeypatch.setattr(sys, 'excepthook', sys.excepthook)  # each sets it: configure
     monkeypatch.setattr(lime, 'mix_kernels', lime.mix_kernels)  # each chooses: use_fused_kernels
+    monkeypatch.delitem(sys.modules, tool, raising=False)  # run afresh, as a command
     with pytest.raises(SystemExit) as stopped:
         if tool.endswith('.py'):
             runpy.run_path(os.path.join(ROOT, tool), run_name='__main__')
