@@ -243,19 +243,6 @@ def test_a_checkpoint_is_replaced_only_by_finite_weights_and_as_asked_by_a_bette
         run_dir.lock.close()
 
 
-def test_sighup_saves_the_step_in_flight_with_the_last_evaluations_val_loss(data_dir, tmp_path):
-    out = tmp_path / 'run'
-    result = signalled(tmp_path, *TINY, f'--data_dir={data_dir}', f'--out_dir={out}',
-                       '--max_iters=8', '--eval_interval=4', signum=signal.SIGHUP, at=3)
-    assert result.returncode == 128 + signal.SIGHUP, result.stderr
-    assert only_line(result.stderr).startswith(f"stopped by SIGHUP at step 3, its checkpoint saved "
-                                               f"to {out}/ckpt.pt: resume with python ")
-    checkpoint = saved(out)
-    step_0 = read_log(out)[1][0]  # the only evaluation before it
-    assert (checkpoint['step'], checkpoint['val_step'], checkpoint['val_loss']) == (3, 0, step_0)
-    assert lime.val_loss_of(checkpoint) == f"val loss {step_0:.4f} at step 0, its last evaluation"
-
-
 def test_a_run_started_under_nohup_goes_on_through_sighup(data_dir, tmp_path):
     out = tmp_path / 'run'
     result = signalled(tmp_path, *TINY, f'--data_dir={data_dir}', f'--out_dir={out}',
@@ -344,7 +331,8 @@ def test_a_reader_that_stops_reading_midway_stops_nothing(data_dir, tmp_path):
     assert saved(out)['step'] == 6 and sorted(read_log(out)[0]) == list(range(1, 7))
 
 
-def test_a_lost_terminal_fails_every_write_and_sighup_still_saves(data_dir, tmp_path):
+def test_a_lost_terminal_fails_every_write_and_sighup_still_saves_the_step_in_flight(data_dir,
+                                                                                      tmp_path):
     out = tmp_path / 'run'
     terminal, its_end = os.openpty()  # the run writes to its_end; closing terminal loses it
     command, env = signalling(tmp_path, *TINY, f'--data_dir={data_dir}', f'--out_dir={out}',
@@ -356,7 +344,12 @@ def test_a_lost_terminal_fails_every_write_and_sighup_still_saves(data_dir, tmp_
         seen += os.read(terminal, 1024)
     os.close(terminal)  # every write from here fails (EIO)
     assert proc.wait(timeout=300) == 128 + signal.SIGHUP
-    assert saved(out)['step'] == 3 and max(read_log(out)[0]) == 3
+    checkpoint = saved(out)
+    assert checkpoint['step'] == 3 and max(read_log(out)[0]) == 3
+    # Its val loss is step 0's, the run's only evaluation before it (not inf), and said so
+    step_0 = read_log(out)[1][0]
+    assert (checkpoint['val_step'], checkpoint['val_loss']) == (0, step_0)
+    assert lime.val_loss_of(checkpoint) == f"val loss {step_0:.4f} at step 0, its last evaluation"
 
 
 # The scripts stop on Ctrl-C in one line, leaving nothing half-written. Here prepare.py, once it has
