@@ -19,8 +19,8 @@ from dataclasses import fields
 
 import torch
 
-from configurator import check_value, fail, or_fail, set_key
-from lime import GPTConfig, load_checkpoint, save_checkpoint
+from configurator import check_memory, check_value, fail, or_fail, set_key
+from lime import GPTConfig, load_checkpoint, non_finite, save_checkpoint
 from prepare import lock, write_atomically
 
 # Settings that belong to the machine a run is on, not to the run: today's, also on a resume.
@@ -47,6 +47,30 @@ def tune_cpu_allocator():
         return
     libc.mallopt(M_MMAP_THRESHOLD, 1 << 30)  # blocks this large or smaller come from the heap
     libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)  # and the heap is not trimmed below that
+
+
+def check_training_memory(gptconf, config, built):
+    """Stop in one line, before the model is built on its device, where training it cannot fit
+    in the memory this process has left there (configurator.check_memory names the limit). It
+    counts the weights, their gradients and AdamW's two moments, 4 bytes a number each, and a
+    floor on what autograd keeps of one micro-batch for the backward pass: per token, 8 numbers
+    of n_embd and 4 of mlp_hidden a layer (norms' inputs and outputs, queries, keys, values, the
+    attention's output, the MLP's hidden vectors), and 2 of the padded vocabulary (the logits and
+    their gradient), 4 bytes each (2 under bfloat16). A training step's measured peak on a CPU
+    was 1.1 to 2 times this count (docs/training.md). built: the model is built already
+    (resumed), and on a CPU its weights are held already."""
+    weights = 4 * gptconf.num_floats()
+    tokens = config['batch_size'] * config['block_size']
+    per_token = (gptconf.n_layer * (8 * gptconf.n_embd + 4 * gptconf.mlp_hidden)
+                 + 2 * gptconf.padded_vocab)
+    activations = tokens * per_token * (2 if config['dtype'] == 'bfloat16' else 4)
+    held = weights if built and not config['device'].startswith('cuda') else 0
+    gib = 2**30
+    check_memory(4 * weights + activations - held, config['device'],
+                 f"training's weights, gradients and AdamW moments ({4 * weights / gib:,.1f} GiB) "
+                 f"and one micro-batch's activations (at least {activations / gib:,.1f} GiB)",
+                 "lower batch_size (more gradient_accumulation_steps keep the step's tokens), "
+                 "block_size or the model's size")
 
 
 def resume_settings(config, given, kinds):
@@ -135,8 +159,8 @@ def restore_state(checkpoint, optimizer, batches, config):
 
 
 class RunDir:
-    """out_dir, as the home of one run. Only rank 0 writes there: on the others every method
-    but stop_if_not_finite does nothing."""
+    """out_dir, as the home of one run. Only rank 0 writes there: on the others the methods keep
+    track of the checkpoint (which the processes decide alike) and stop_if_not_finite stops."""
 
     def __init__(self, config, master=True):
         self.config = config
@@ -146,15 +170,24 @@ class RunDir:
         self.lock = None  # out_dir's lock file, held while this process lives
         self.log_file = None
         self.wandb = None  # a Weights & Biases run, with wandb_log=True
-        self.saved_step = None  # the step of the last checkpoint written or resumed from
+        self.saved_step = None  # the step of the checkpoint in out_dir, written or resumed from
+        self.saved_loss = None  # its val loss: its last evaluation's, as it records
+        self.evaluated = None  # the run's last evaluation: (step, val loss)
+        self.best_val_loss = float('inf')  # the least val loss of the run's evaluations
+        self.unsaved = None  # why the last save kept the checkpoint there: RunDir.stop says it
 
-    def claim(self, model, step):
+    def claim(self, model, checkpoint=None):
         """Lock out_dir while this process lives, so that a second run into it is refused, and
         write log.txt anew with the run's record (its settings, the model's size and FLOPs per
         token). A scratch run refuses a run already there unless told to overwrite it; a resumed
-        run keeps the records up to its checkpoint."""
-        if step:
-            self.saved_step = step
+        run (checkpoint: the one resumed from) keeps the records up to its checkpoint."""
+        step = 0
+        if checkpoint is not None:
+            step = self.saved_step = checkpoint['step']
+            # Checkpoints of older versions record only the best evaluation, as theirs
+            self.saved_loss = checkpoint.get('val_loss', checkpoint['best_val_loss'])
+            self.evaluated = (checkpoint.get('val_step', step), self.saved_loss)
+            self.best_val_loss = checkpoint['best_val_loss']
         if not self.master:
             return
         if self.config.get('wandb_log'):  # checked before out_dir is touched
@@ -224,7 +257,11 @@ class RunDir:
     def write(self, record):
         """Add a record (a dict) to log.txt."""
         if self.master:
-            line = (json.dumps(record) + '\n').encode()
+            try:  # JSON has no nan or inf (the losses that could be are checked before it)
+                line = (json.dumps(record, allow_nan=False) + '\n').encode()
+            except ValueError:
+                fail(f"a record of step {record['step']} holds a number that is not finite: "
+                     f"{record}")
             try:  # a write may take only part of the line (the disk filling up): the next says why
                 while line:
                     line = line[self.log_file.write(line):]
@@ -249,6 +286,8 @@ class RunDir:
         say(line)
         self.stop_if_not_finite(val_loss, 'the validation loss', step)
         self.write(record)
+        self.evaluated = (step, val_loss)  # step 0's too: a checkpoint saved before the next
+        self.best_val_loss = min(self.best_val_loss, val_loss)
 
     def log_step(self, step, train_loss, grad_norm, lr, seconds_per_step, model):
         """Print a training step's line (speed, MFU on a GPU, time left) and record it."""
@@ -274,32 +313,74 @@ class RunDir:
         self.write({'step': step, 'train_loss': train_loss, 'lr': lr, 'grad_norm': grad_norm,
                     'ms_per_step': seconds_per_step * 1000, 'tokens_per_sec': tokens_per_sec})
 
-    def save(self, model, optimizer, batches, step, best_val_loss):
-        """Everything a resumed run needs, in one checkpoint, written whole or not at all."""
+    def save(self, model, optimizer, batches, step, signum=0):
+        """The checkpoint of step, after an evaluation or on the stop signal signum, by the one
+        rule on ckpt.pt: only finite weights replace it, and with always_save_checkpoint=False
+        only after an evaluation better than its own. It holds everything a resumed run needs and
+        the val loss of the run's last evaluation (at an evaluation, that of its own weights), and
+        is written whole or not at all. Weights that are not finite stop the run at an evaluation;
+        on a stop, self.unsaved says why the checkpoint was kept, for stop's line."""
+        if bad := non_finite(model):
+            more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+            why = f"its weights are not finite (nan or inf in {bad[0]}{more})"
+            if not signum:
+                fail(f"{why} at step {step}: stopping. {self.advice()}")
+            self.unsaved = f"{why}. {self.advice()}"
+            return
+        if (why := self.no_better()) is not None:
+            self.unsaved = f"{why}: resume from it with {self.resume_command()}"
+            return
+        self.unsaved = None
         if self.master:
             on_cuda = self.config['device'].startswith('cuda')
             rng = {'cpu': torch.get_rng_state(),
                    'cuda': torch.cuda.get_rng_state() if on_cuda else None}
-            state = dict(optimizer=optimizer.state_dict(), step=step, rng=rng,
-                         best_val_loss=best_val_loss, config=self.config, data=batches.state())
+            val_step, val_loss = self.evaluated
+            state = dict(optimizer=optimizer.state_dict(), step=step, rng=rng, val_loss=val_loss,
+                         val_step=val_step, best_val_loss=self.best_val_loss, config=self.config,
+                         data=batches.state())
             try:
                 write_atomically(self.ckpt_path, lambda f: save_checkpoint(f, model, **state))
             except OSError as e:  # a full disk, say: the previous checkpoint is still whole
                 fail(f"could not write {self.ckpt_path}: {e.strerror}")
             say(f"saved checkpoint to {self.ckpt_path}")
-        self.saved_step = step
+        self.saved_step, self.saved_loss = step, self.evaluated[1]
+
+    def no_better(self):
+        """With always_save_checkpoint=False and a checkpoint in out_dir, why the run's last
+        evaluation may not replace it (it is not better than the checkpoint's own); else None."""
+        if self.config['always_save_checkpoint'] or self.saved_step is None:
+            return None
+        val_step, val_loss = self.evaluated
+        if val_loss < self.saved_loss:
+            return None
+        if val_step == self.saved_step:
+            since = "no evaluation since its own"
+        else:
+            since = f"the last evaluation (step {val_step}, val loss {val_loss:.4f}) is no better"
+        return (f"with always_save_checkpoint=False only a better evaluation replaces the "
+                f"checkpoint ({self.ckpt_path}, step {self.saved_step}, val loss "
+                f"{self.saved_loss:.4f}), and {since}")
 
     def stop(self, signum, step):
-        """After the checkpoint of step, saved on a Ctrl-C or SIGTERM (Interrupts): one line saying
-        how to go on, then the exit code a shell gives that signal (130 for SIGINT, 143 for
-        SIGTERM)."""
+        """After the step in flight of a stop signal (Interrupts) and its save: one line saying
+        what out_dir holds and how to go on, then the exit code a shell gives that signal (129 for
+        SIGHUP, 130 for SIGINT, 143 for SIGTERM)."""
         if self.master:
-            world_size = int(os.environ.get('WORLD_SIZE', 1))
-            launcher = f'torchrun --nproc_per_node={world_size}' if world_size > 1 else 'python'
-            args = shlex.join([sys.argv[0], f'--out_dir={self.out_dir}', '--init_from=resume'])
-            print(f"stopped by {signal.Signals(signum).name} at step {step}, its checkpoint saved "
-                  f"to {self.ckpt_path}: resume with {launcher} {args}", file=sys.stderr)
+            stopped = f"stopped by {signal.Signals(signum).name} at step {step}"
+            if self.unsaved is None:
+                print(f"{stopped}, its checkpoint saved to {self.ckpt_path}: resume with "
+                      f"{self.resume_command()}", file=sys.stderr)
+            else:
+                print(f"{stopped}, not saved: {self.unsaved}", file=sys.stderr)
         raise SystemExit(128 + signum)
+
+    def resume_command(self):
+        """The command that resumes this run, as it was started: with python, or torchrun."""
+        world_size = int(os.environ.get('WORLD_SIZE', 1))
+        launcher = f'torchrun --nproc_per_node={world_size}' if world_size > 1 else 'python'
+        args = shlex.join([sys.argv[0], f'--out_dir={self.out_dir}', '--init_from=resume'])
+        return f"{launcher} {args}"
 
     def kept(self):
         """What out_dir holds of the run: said when it stops before its end."""
@@ -310,34 +391,39 @@ class RunDir:
     def stop_if_not_finite(self, value, what, step):
         """A loss or gradient norm that is inf or nan poisons the weights: stop, and say how to go
         on from the last good checkpoint."""
-        if math.isfinite(value):
-            return
+        if not math.isfinite(value):
+            fail(f"{what} is {value} at step {step}: stopping. {self.advice()}")
+
+    def advice(self):
+        """How to go on after the weights went bad: from the last good checkpoint, if there is
+        one (no checkpoint of weights that are not finite is ever saved)."""
         if self.saved_step is not None:
-            advice = (f"The last good checkpoint ({self.ckpt_path}, step {self.saved_step}) is "
-                      "kept: resume from it with --init_from=resume and a lower learning_rate")
-        else:
-            first = min(self.config['eval_interval'], self.config['max_iters'])
-            advice = (f"No checkpoint was saved before it (the first comes at step {first}): "
-                      "start again with a lower learning_rate and --overwrite=True")
-        fail(f"{what} is {value} at step {step}: stopping. {advice}")
+            return (f"The last good checkpoint ({self.ckpt_path}, step {self.saved_step}) is kept: "
+                    "resume from it with --init_from=resume and a lower learning_rate")
+        first = min(self.config['eval_interval'], self.config['max_iters'])
+        return (f"No checkpoint was saved before it (the first comes at step {first}): start "
+                "again with a lower learning_rate and --overwrite=True")
 
 
 class Interrupts:
-    """Ctrl-C (SIGINT), and SIGTERM: what a cluster's scheduler sends a job some time before it
-    kills it (SLURM at a time limit or to preempt it). Before the training loop, when there is
-    nothing to save, one stops the run at once. From the loop on (after save_first) the first is
-    noted in `signal`, so that train.py finishes its step, saves a checkpoint and stops
-    (RunDir.stop); a second stops the run at once, the last checkpoint kept whole. Under torchrun
-    each process gets a signal twice, from the terminal or the scheduler and from torchrun, which
-    forwards it: there a second is ignored (torchrun kills the processes 30 s after its own)."""
+    """What stops a run from outside: Ctrl-C (SIGINT); SIGTERM, what a cluster's scheduler sends a
+    job some time before it kills it (SLURM at a time limit or to preempt it); SIGHUP, a terminal
+    that is gone (a lost ssh session), unless ignored (nohup). Before the training loop, when
+    there is nothing to save, one stops the run at once. From the loop on (after save_first) the
+    first is noted in `signal`, so that train.py finishes its step, saves a checkpoint as
+    RunDir.save's rule allows and stops (RunDir.stop); a second stops the run at once, the last
+    checkpoint kept whole. Under torchrun each process gets a signal twice, from the terminal or
+    the scheduler and from torchrun, which forwards it: there a second is ignored (torchrun kills
+    the processes 30 s after its own). An output that closes stops nothing (Output)."""
 
     def __init__(self, ddp):
         self.ddp = ddp
         self.run = None  # the RunDir whose checkpoint a first signal saves, from the loop on
         self.signal = 0  # the number of that first signal; 0 while none has come
         self.stopping = False  # the run is stopping at once
-        for signum in (signal.SIGINT, signal.SIGTERM):
+        for signum in stop_signals():
             signal.signal(signum, self.note)
+        sys.stdout, sys.stderr = Output.of(sys.stdout), Output.of(sys.stderr)
 
     def save_first(self, run):
         """From here a first signal lets the step in flight finish and run save a checkpoint."""
@@ -354,8 +440,59 @@ class Interrupts:
             else:
                 line = f"stopped at once by a second {name}: {self.run.kept()}"
             if os.environ.get('RANK', '0') in ('', '0'):  # under torchrun, rank 0 only
-                os.write(2, f"{line}\n".encode())  # not print: this may be in the middle of one
+                try:  # not print: this may be in the middle of one
+                    os.write(2, f"{line}\n".encode())
+                except OSError:  # stderr's reader is gone: the line has no one to read it
+                    pass
             raise SystemExit(128 + signum)  # a write under way removes its temporary file
+
+
+def stop_signals():
+    """The signals that stop a run with a save: SIGINT, SIGTERM and (not on Windows) SIGHUP,
+    unless this process was started to ignore it (nohup), as it then goes on doing."""
+    signums = [signal.SIGINT, signal.SIGTERM]
+    if hasattr(signal, 'SIGHUP') and signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
+        signums.append(signal.SIGHUP)
+    return signums
+
+
+class Output:
+    """sys.stdout or sys.stderr of a run, which outlives its reader. Where a write fails (EPIPE: a
+    pipe whose reader has exited, such as a `| tee` stopped by the same Ctrl-C, or a `| head`
+    that has its lines; EIO: a terminal that is gone) Python would raise in the middle of a step;
+    here the stream goes to os.devnull from then on, and the run goes on, log.txt getting every
+    record."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    @classmethod
+    def of(cls, stream):
+        """stream, as an Output (None, a closed descriptor at start, stays None: print skips)."""
+        return stream if stream is None or isinstance(stream, cls) else cls(stream)
+
+    def write(self, text):
+        try:
+            return self.stream.write(text)
+        except OSError:
+            self.to_devnull()
+            return len(text)
+
+    def flush(self):
+        try:
+            self.stream.flush()
+        except OSError:
+            self.to_devnull()
+
+    def to_devnull(self):
+        """Point the stream's file descriptor at os.devnull: what it still buffers goes there."""
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self.stream.fileno())
+        os.close(devnull)
+        self.stream.flush()
+
+    def __getattr__(self, name):  # the rest (fileno, isatty, encoding, ...) is the stream's
+        return getattr(self.stream, name)
 
 
 def default_run_name(config):

@@ -4,6 +4,7 @@ literals, parsed, never executed) and --key=value change a script's defaults blo
 A key must exist (a typo gets "did you mean"), keep its type (an int may stand for a float) and
 lie in its range (KINDS); else one line, `error: ...`, stops the script. `--help` lists the keys:
     python train.py config/cpu_demo.py --router=dynamic --learning_rate=3e-4
+At its end, the scripts' check that a job fits in the memory this process has (check_memory).
 """
 import ast
 import difflib
@@ -16,7 +17,10 @@ from contextlib import nullcontext
 
 import torch
 
-from lime import memory_bytes
+try:
+    import resource  # a process's limits (POSIX)
+except ImportError:  # Windows: none
+    resource = None
 
 # What a key may hold: a test, and how an error states it. A script gives a key a kind or a tuple
 # of allowed values where the script itself uses the value; the model's keys are checked where they
@@ -103,16 +107,6 @@ def fail(message):
     raise SystemExit(f"error: {message}")
 
 
-def check_memory(nbytes, device, what):
-    """Stop in one line where what, nbytes at the least, cannot fit device's memory: a script's
-    own arrays, sized by its keys (the model's weights are lime.GPTConfig's to check). Beyond the
-    memory they would end in torch's traceback, or in the OOM killer's kill."""
-    have = memory_bytes(device)
-    if have is not None and nbytes > have:
-        fail(f"{what} take {nbytes / 2**30:,.1f} GiB, more than the {have / 2**30:,.1f} GiB of "
-             f"{device}")
-
-
 def or_fail(call, *args, **kwargs):
     """call(*args, **kwargs), a ValueError (lime.py's and prepare.py's checks) or an OSError (a
     file that cannot be read or written: the OS says why) made fail's line."""
@@ -192,3 +186,89 @@ def print_help(config):
     print("keys, with their defaults (config files of `key = value` lines, then --key=value):")
     for key, setting in settings.items():
         print(f"  {setting:<{width}}  {comments.get(key, '')}".rstrip())
+
+
+# -----------------------------------------------------------------------------
+# The memory a job may still take, checked before it takes it: past it a job ends in torch's
+# traceback, or is killed (the OOM killer, a scheduler) with nothing said.
+def check_memory(nbytes, device, what, hint=''):
+    """Stop in one line where what, nbytes at the least, cannot fit in what this process has left
+    on device (memory_limit: the least of its limits, named): a job's arrays, sized by a
+    script's keys (the model's weights are lime.GPTConfig's to check). Beyond the memory they
+    would end in torch's traceback, or in the OOM killer's kill. hint: what to lower."""
+    have, limit = memory_limit(device)
+    if have is not None and nbytes > have:
+        fail(f"{what} take {nbytes / 2**30:,.1f} GiB, more than the {max(have, 0) / 2**30:,.1f} "
+             f"GiB {limit}" + (f": {hint}" if hint else ""))
+
+
+def memory_limit(device):
+    """(the bytes this process may still allocate on device, what leaves it that: words that
+    follow "more than N GiB"), or (None, None) where nothing is known: a GPU's free memory, or
+    the least that any of cpu_limits leaves."""
+    if str(device).startswith('cuda'):
+        free, total = torch.cuda.mem_get_info(torch.device(device))
+        return free, f"free on {device} (of its {total / 2**30:,.1f} GiB)"
+    return min(cpu_limits(), default=(None, None))
+
+
+def cpu_limits():
+    """Each limit on this process's memory, as (what it leaves, what it is), each less what the
+    process holds of it now: this machine's memory, its cgroup's (a container's or a scheduler's
+    job's) and its address space (ulimit -v, which counts every mapping, so what it has mapped
+    counts too)."""
+    mapped, resident = held_bytes()
+    left = []
+    if hasattr(os, 'sysconf'):  # not on Windows
+        ram = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
+        left.append((ram - resident, f"left to this process of this machine's {ram / 2**30:,.1f} "
+                                     "GiB"))
+    if (cgroup := cgroup_limit()) is not None:
+        limit, path = cgroup
+        left.append((limit - resident, f"left to this process by its cgroup's limit ({path}: "
+                                       f"{limit / 2**30:,.1f} GiB)"))
+    if resource is not None:
+        limit = resource.getrlimit(resource.RLIMIT_AS)[0]  # the soft limit: the one that holds
+        if limit != resource.RLIM_INFINITY:
+            left.append((limit - mapped, f"left to this process by its address-space limit "
+                                         f"(ulimit -v, RLIMIT_AS: {limit / 2**30:,.1f} GiB)"))
+    return left
+
+
+def held_bytes():
+    """(the address space this process has mapped, the memory it holds): Linux's /proc/self/statm,
+    else (0, 0)."""
+    try:
+        with open('/proc/self/statm') as f:
+            pages = f.read().split()
+    except OSError:  # not Linux
+        return 0, 0
+    return int(pages[0]) * os.sysconf('SC_PAGE_SIZE'), int(pages[1]) * os.sysconf('SC_PAGE_SIZE')
+
+
+def cgroup_limit():
+    """(the least memory limit of this process's cgroup and those above it, its file), or None:
+    cgroup v2's memory.max, or v1's memory.limit_in_bytes (Linux only)."""
+    try:
+        with open('/proc/self/cgroup') as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    limits = []
+    for line in lines:  # hierarchy-id:controllers:path, and v2's controllers are ''
+        _, controllers, path = line.split(':', 2)
+        if controllers == '':
+            root, name = '/sys/fs/cgroup', 'memory.max'
+        elif 'memory' in controllers.split(','):
+            root, name = '/sys/fs/cgroup/memory', 'memory.limit_in_bytes'
+        else:
+            continue
+        directory = os.path.normpath(root + path)
+        while directory.startswith(root):  # a limit on a cgroup holds for those below it too
+            try:
+                with open(os.path.join(directory, name)) as f:
+                    limits.append((int(f.read()), os.path.join(directory, name)))
+            except (OSError, ValueError):  # none there, or 'max': no limit
+                pass
+            directory = os.path.dirname(directory)
+    return min(limits, default=None)

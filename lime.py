@@ -17,6 +17,8 @@ head size, S source layers (l + 1 at layer l). Keys and values travel together a
 """
 import math
 import os
+import pickle
+import re
 import sys
 import zipfile
 from dataclasses import asdict, dataclass
@@ -25,6 +27,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+from configurator import memory_limit
 
 ROUTERS = ('none', 'static', 'dynamic')
 
@@ -71,14 +75,15 @@ class GPTConfig:
                              "of even size (RoPE rotates channel pairs), and n_head must be a "
                              f"multiple of n_kv_head ({self.n_kv_head})")
         # The one bound on the model's size, checked before anything is allocated: a model too
-        # big for memory would end in torch's traceback or the OOM killer. Every script builds the
-        # model in this machine's memory first (float32), then moves it to its device.
+        # big would end in torch's traceback or the OOM killer. Every script builds the model in
+        # the CPU's memory first (float32; memory_limit: the least that RAM, a cgroup or ulimit -v
+        # leave), then moves it. What a job needs beyond, train.py and sample.py check.
         need = 4 * self.num_floats()
-        have = memory_bytes('cpu')
+        have, limit = memory_limit('cpu')
         if have is not None and need > have:
             raise ValueError(f"the model's weights alone take {need / 2**30:,.1f} GiB, more than "
-                             f"this machine's {have / 2**30:,.1f} GiB: lower n_layer, n_embd, "
-                             "mlp_hidden, hyper_connections, vocab_size or block_size")
+                             f"the {max(have, 0) / 2**30:,.1f} GiB {limit}: lower n_layer, "
+                             "n_embd, mlp_hidden, hyper_connections, vocab_size or block_size")
 
     @property
     def padded_vocab(self):
@@ -513,15 +518,25 @@ def load_checkpoint(path, device, keys=('step', 'best_val_loss')):
         with zipfile.ZipFile(path) as archive:  # torch.load skips its CRCs: read it once more
             if (damaged := archive.testzip()) is not None:
                 raise ValueError(f"{damaged} fails its checksum")
-        checkpoint = torch.load(path, map_location=device)
+        # Tensors and plain values only: a pickle may hold code that loading would run (torch
+        # before 2.6 loads anything unless told weights_only, the default since)
+        checkpoint = torch.load(path, map_location=device, weights_only=True)
     except OSError as e:  # unreadable (no permission), or gone since the check above
         raise ValueError(f"could not read checkpoint {path}: {e.strerror or e}") from None
+    except pickle.UnpicklingError as e:  # what weights_only refused: a function, a class
+        found = re.search(r'GLOBAL (\S+)', str(e))
+        held = found.group(1) if found else 'an object'
+        raise ValueError(f"{path} holds {held}, not only tensors and plain values as train.py's "
+                         "checkpoints do: refused unread (loading it could run any code)") from None
     except Exception as e:
         raise ValueError(f"could not read checkpoint {path} (damaged, or not saved by train.py): "
                          f"{last_line(e)}") from None
-    kinds = {'step': int, 'best_val_loss': (int, float)}  # the others are dicts
+    kinds = {'step': int, 'best_val_loss': (int, float), 'val_loss': (int, float),
+             'val_step': int}  # the others are dicts
     wrong = [k for k in ('model', 'model_args', *keys) if not isinstance(checkpoint, dict)
              or not isinstance(checkpoint.get(k), kinds.get(k, dict))]
+    if not wrong and ('val_loss' in checkpoint or 'val_step' in checkpoint):  # older: neither
+        wrong = [k for k in ('val_loss', 'val_step') if not isinstance(checkpoint.get(k), kinds[k])]
     if wrong:
         raise ValueError(f"{path} is not a checkpoint saved by train.py: it lacks "
                          f"{', '.join(wrong)} (or holds another kind of value)")
@@ -532,27 +547,42 @@ def load_checkpoint(path, device, keys=('step', 'best_val_loss')):
     except (TypeError, ValueError, RuntimeError) as e:
         raise ValueError(f"{path}: its model does not load into this lime.py: "
                          f"{last_line(e)}") from None
+    # train.py saves no such weights; older versions did, on a stop between two log lines
+    if bad := non_finite(model):
+        more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+        raise ValueError(f"{path}: its weights are not finite (nan or inf in {bad[0]}{more}): "
+                         "those of a run that diverged, which would only give nan")
     return model.eval().to(device), checkpoint
+
+
+def non_finite(model):
+    """The names of model's weights that hold a nan or an inf: a diverged run's, never saved."""
+    return [name for name, w in model.state_dict().items()
+            if w.is_floating_point() and not torch.isfinite(w).all()]
 
 
 def load_model(path, device):
     """load_checkpoint, saying what it loaded: for the tools that use a trained model."""
     model, checkpoint = load_checkpoint(path, device)
     print(f"loaded {path}: step {checkpoint['step']}, router={model.config.router}, "
-          f"val loss {checkpoint['best_val_loss']:.4f}", file=sys.stderr)
+          f"{val_loss_of(checkpoint)}", file=sys.stderr)
     return model, checkpoint
+
+
+def val_loss_of(checkpoint):
+    """What a checkpoint says of its validation loss: that of its own weights where it was saved
+    at an evaluation, else the last evaluation's before it (a stop between two). Older versions
+    saved only the best of the run's evaluations, inf before the first after step 0."""
+    if 'val_loss' not in checkpoint:
+        best = checkpoint['best_val_loss']
+        return f"best val loss {best:.4f}" if math.isfinite(best) else "not evaluated"
+    loss, step = checkpoint['val_loss'], checkpoint['val_step']
+    if step == checkpoint['step']:
+        return f"val loss {loss:.4f}"
+    return f"val loss {loss:.4f} at step {step}, its last evaluation"
 
 
 def last_line(error):
     """The last line of torch's long messages: the most specific (it names a missing weight)."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return lines[-1] if lines else type(error).__name__
-
-
-def memory_bytes(device):
-    """The memory of device: a CUDA GPU's, else this machine's; None where it cannot be known."""
-    if str(device).startswith('cuda'):
-        return torch.cuda.get_device_properties(torch.device(device)).total_memory
-    if not hasattr(os, 'sysconf'):  # Windows
-        return None
-    return os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')

@@ -158,13 +158,17 @@ class Batches:
     """Training batches from data_dir's shards: (x, y) int64 arrays of B sequences of T tokens, y
     being x shifted by one, read in order through the shards, round and round. A micro-step takes a
     stretch of span = B*T*world_size tokens and process `rank` its slice, so a run sees the same
-    tokens for any number of processes. Every shard is checked here, before step 0 and not when a
-    run reaches it; one too short for a micro-step (like the last one prepare.py writes) is skipped,
-    with a note to log. Raises ValueError, saying why, where data can't serve."""
+    tokens for any number of processes. Every shard is checked here, before step 0, not first when
+    a run reaches it; one too short for a micro-step (like the last one prepare.py writes) is
+    skipped, with a note to log. A shard opened is checked again against its file at the start
+    (replaced or rewritten since, it stops the run) and copied into memory. Raises ValueError,
+    saying why, where data can't serve."""
 
     def __init__(self, data_dir, B, T, rank=0, world_size=1, vocab_size=None, log=print):
         self.files = shard_paths(data_dir, "train")
         self.data_dir, self.B, self.T, self.rank, self.span = data_dir, B, T, rank, B*T*world_size
+        self.vocab_size = vocab_size
+        self.seen = [file_identity(path) for path in self.files]  # before reading: as checked
         lengths = [len(read_shard(path, vocab_size)) for path in self.files]
         self.names = [[os.path.basename(path), n] for path, n in zip(self.files, lengths)]
         self.usable = [i for i, n in enumerate(lengths) if n > self.span]  # the +1: the last target
@@ -189,7 +193,16 @@ class Batches:
                              "are not those the run read (restore them, or resume on a copy)")
         if shard not in self.usable:  # too short for this run's micro-steps: on to the next
             shard, self.pos = self.following(shard), 0
-        self.shard, self.tokens = shard, read_shard(self.files[shard])
+        self.shard, self.tokens = shard, self.open(shard)
+
+    def open(self, shard):
+        """The shard's tokens, copied into memory, once checked to be the file of the start."""
+        path = self.files[shard]
+        tokens = read_shard(path, self.vocab_size)  # whole, its ids in the vocabulary
+        if file_identity(path) != self.seen[shard]:
+            raise ValueError(f"{path} changed since this run started (replaced, or written to): "
+                             "stopping rather than train on other data (restore it, then resume)")
+        return np.array(tokens)
 
     def following(self, shard):
         return next((i for i in self.usable if i > shard), self.usable[0])
@@ -201,6 +214,12 @@ class Batches:
         buf = self.tokens[start:start + self.B * self.T + 1].astype(np.int64)
         self.pos += self.span
         return buf[:-1].reshape(self.B, self.T), buf[1:].reshape(self.B, self.T)
+
+
+def file_identity(path):
+    """What tells a file from one renamed over it (its inode) or rewritten (size, mtime)."""
+    stat = os.stat(path)
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 # -----------------------------------------------------------------------------
@@ -234,8 +253,13 @@ def write_atomically(path, write):
 
 
 def write_json(path, value):
-    """value as a JSON file, written whole (write_atomically)."""
-    write_atomically(path, lambda f: f.write((json.dumps(value, indent=1) + "\n").encode("utf-8")))
+    """value as a JSON file, written whole (write_atomically). Raises ValueError, naming the file,
+    for a number that is not finite: JSON has none, and a file holding NaN is not JSON."""
+    try:
+        text = json.dumps(value, indent=1, allow_nan=False) + "\n"
+    except ValueError:
+        raise ValueError(f"{path}: not written: a value is not a finite number") from None
+    write_atomically(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def lock(directory, shared=False, wait=False):
@@ -461,15 +485,21 @@ def tokenize_bytes(text):
 
 def tokenizer_pool(workers):
     """A pool of tokenizer processes made with Ctrl-C ignored, left to this process (which stops
-    them all; else each prints a traceback), and SIGTERM at its default, so that they end at once
-    when the pool stops them, whatever handlers this process has (train.py's)."""
+    them all; else each prints a traceback), and SIGTERM (and SIGHUP, a terminal gone) at its
+    default, so that they end at once when the pool stops them, whatever handlers this process
+    has (train.py's)."""
     own_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
     own_term = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    own_hup = signal.getsignal(signal.SIGHUP) if hasattr(signal, "SIGHUP") else None
+    if own_hup not in (None, signal.SIG_IGN):  # ignored (nohup): the workers ignore it too
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
     try:
-        return Pool(workers)  # forked now: each process keeps the two settings above
+        return Pool(workers)  # forked now: each process keeps the settings above
     finally:
         signal.signal(signal.SIGINT, own_int)
         signal.signal(signal.SIGTERM, own_term)
+        if own_hup not in (None, signal.SIG_IGN):
+            signal.signal(signal.SIGHUP, own_hup)
 
 
 def decode_bytes(ids):

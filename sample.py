@@ -55,13 +55,15 @@ else:
     decode = enc.decode
 if not start_ids:
     fail("the prompt is empty: give some text with --start (the default starts a new document)")
-# Each sample holds a KV cache (keys and values of every layer, block_size long) and its tokens:
-# more samples than the device's memory holds are refused now, in one line.
+# Each sample holds a KV cache (keys and values of every layer, block_size long), its tokens, the
+# logits of its prompt, and at each new token two float64 copies of its logits (GPT.generate):
+# more samples than the memory left beside the model (loaded, so held already) are refused now.
 cfg = model.config
 cache_bytes = 2 * cfg.n_layer * cfg.n_kv_head * cfg.block_size * (cfg.n_embd // cfg.n_head)
 cache_bytes *= 2 if dtype == 'bfloat16' else 4
-check_memory(num_samples * (cache_bytes + 8 * len(start_ids)), device,
-             f"--num_samples={num_samples}: their KV caches")
+prompt_bytes = 8 * len(start_ids) + 4 * cfg.padded_vocab * min(len(start_ids), cfg.block_size)
+check_memory(num_samples * (cache_bytes + prompt_bytes + 2 * 8 * cfg.vocab_size), device,
+             f"--num_samples={num_samples}: their KV caches and logits", "sample fewer at once")
 idx = torch.tensor([start_ids] * num_samples, dtype=torch.long, device=device)  # (num_samples, T)
 
 with autocast:

@@ -36,7 +36,7 @@ data_dir = 'data/fineweb_edu'  # the token shards written by prepare.py
 eval_interval = 250  # steps between evaluations (and checkpoints)
 eval_iters = 20  # batches of the validation shard per evaluation, always the same ones
 log_interval = 10  # steps between log lines
-always_save_checkpoint = True  # save at every evaluation, not only when val loss improves
+always_save_checkpoint = True  # save at every evaluation; False: only below the saved val loss
 init_from = 'scratch'  # 'scratch' or 'resume' (out_dir/ckpt.pt, with the settings saved in it)
 overwrite = False  # replace a run already in out_dir (without this, a scratch run is refused)
 mc_task = ''  # a multiple-choice task to score: 'hellaswag' or a task file (lab/evaluate.py)
@@ -112,8 +112,9 @@ config['lr_decay_iters'] = lr_decay_iters  # saved with the run: a resume keeps 
 # -----------------------------------------------------------------------------
 # setup: one process, or one per GPU under torchrun
 ddp = int(os.environ.get('RANK', -1)) != -1
-# Ctrl-C, or SIGTERM (what a cluster's scheduler sends a job before it kills it): one line and the
-# exit code a shell expects (130, 143), never a traceback; from the training loop on, with a save.
+# Ctrl-C, SIGTERM (what a cluster's scheduler sends a job before it kills it) or SIGHUP (a lost
+# terminal): one line and the exit code a shell expects (130, 143, 129), never a traceback; from
+# the training loop on, with a save. An output that closes (a `| tee` gone) stops nothing.
 interrupts = bookkeeping.Interrupts(ddp)
 device_type = 'cuda' if device.startswith('cuda') else 'cpu'
 rank = 0
@@ -148,7 +149,8 @@ if max_iters <= warmup_iters:
 torch.manual_seed(seed)
 
 # -----------------------------------------------------------------------------
-# data: every shard is checked now, before step 0 (prepare.Batches reads them all)
+# data: every shard is checked now, before step 0 (prepare.Batches reads them all), and again
+# when it is opened
 if master:  # data/pydoc(_bytes), missing: made now, so the quick start needs no prepare.py step
     or_fail(prepare_if_default, data_dir)
 if ddp:
@@ -167,6 +169,8 @@ if val_batches == 0:
          f"(batch_size * block_size = {B * T:,}): lower them, as config/cpu_demo.py does")
 if val_batches < eval_iters:
     log(f"note: the validation shard fits only {val_batches} of eval_iters={eval_iters} batches")
+# What every evaluation reads, copied into memory: nothing done to the file can change it now
+val_tokens = np.array(val_tokens[:val_batches * B * T + 1])
 # Bits per byte needs each token's UTF-8 bytes: known for GPT-2, bytes, and arith.py's characters.
 byte_counts, why = token_bytes(vocab_size, data_dir)
 if byte_counts is None:
@@ -179,7 +183,8 @@ if mc_interval:  # a multiple-choice task, scored during training: lab/evaluate.
     mc = TaskScorer.for_training(config, rank, world_size)
 
 # -----------------------------------------------------------------------------
-# model and optimizer
+# model and optimizer: what training holds must fit in this process's memory (checked first)
+bookkeeping.check_training_memory(gptconf, config, built=model is not None)
 if model is None:
     model = GPT(gptconf)
 model.to(device).train()
@@ -188,15 +193,13 @@ optimizer = model.configure_optimizers(weight_decay, learning_rate, router_lr, (
                                        fused=device_type == 'cuda')
 base_lrs = [group['lr'] for group in optimizer.param_groups]  # the schedule scales each of these
 step = 0
-best_val_loss = float('inf')
 if checkpoint is not None:
     step = checkpoint['step']
-    best_val_loss = checkpoint['best_val_loss']
     bookkeeping.restore_state(checkpoint, optimizer, train_batches, config)
-    checkpoint = None  # free the memory
 log(f"model: {model.num_params() / 1e6:.2f}M parameters, router={gptconf.router}")
-run = bookkeeping.RunDir(config, master)  # out_dir: log.txt and ckpt.pt
-run.claim(model, step)
+run = bookkeeping.RunDir(config, master)  # out_dir: log.txt and ckpt.pt, which it keeps
+run.claim(model, checkpoint)  # resumed: the checkpoint's step and evaluation
+checkpoint = None  # free the memory
 
 raw_model = model  # the model itself: its state dict is what checkpoints hold
 if compile:
@@ -221,7 +224,7 @@ def lr_factor(it):
 
 
 def stop_signal():
-    """The signal to stop at this step (SIGINT for Ctrl-C, SIGTERM), 0 while none has come: under
+    """The signal to stop at this step (SIGINT, SIGTERM, SIGHUP), 0 while none has come: under
     DDP the one any process got (one all_reduce of a number a step), so that all stop together."""
     if not ddp:
         return interrupts.signal
@@ -268,8 +271,8 @@ def evaluate():
 # -----------------------------------------------------------------------------
 # training loop
 start_step = step
-# From here Ctrl-C or SIGTERM stops the run after the step in flight, with a checkpoint; a second
-# Ctrl-C stops it at once.
+# From here Ctrl-C, SIGTERM or SIGHUP stops the run after the step in flight, with a checkpoint; a
+# second Ctrl-C stops it at once.
 interrupts.save_first(run)
 window_start = time.time()  # steps are timed over the window since the last log line
 window_steps = 0
@@ -282,9 +285,8 @@ while True:
         if mc_interval and (step % mc_interval == 0 or last_step):
             mc_scores = (mc.name, *mc.score(model, device, autocast, compiled=compile))
         run.log_eval(step, val_loss, val_bpb, mc_scores)
-        if step > start_step and (val_loss < best_val_loss or always_save_checkpoint):
-            best_val_loss = min(best_val_loss, val_loss)
-            run.save(raw_model, optimizer, train_batches, step, best_val_loss)
+        if step > start_step:  # replaces the checkpoint if RunDir.save's rule lets it
+            run.save(raw_model, optimizer, train_batches, step)
         window_start = time.time()  # keep evaluation out of the timings
         window_steps = 0
     if last_step:
@@ -324,7 +326,7 @@ while True:
         window_steps = 0
     signum = stop_signal() if step < max_iters else 0  # the last step saves as always
     if signum:
-        run.save(raw_model, optimizer, train_batches, step, best_val_loss)
+        run.save(raw_model, optimizer, train_batches, step, signum)
         break
 
 if ddp:

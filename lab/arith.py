@@ -43,7 +43,7 @@ What the paper states, and what is chosen here where it does not:
 - cot=False writes "expression=answer" with no steps, to compare with answering directly.
 """
 import glob
-import json
+import math
 import os
 import random
 import time
@@ -53,7 +53,7 @@ import numpy as np
 import torch
 
 from configurator import configure, fail, or_fail
-from lab import read_json
+from lab import json_line, read_json
 from lime import load_model
 from prepare import (MARKER, check_finished, holds_finished_set, lock, read_shard, shard_path,
                      shard_paths, write_json, write_shard, writing_data_set)
@@ -332,8 +332,9 @@ def run_eval(given):
     row = '{:>9} {:>8} {:>5} {:>8} {:>8} {:>8} {:>6}'.format
     print(row('operators', 'operands', 'all', 'accuracy', 'held-out', 'accuracy', 'time'))
     # step and best_val_loss name the checkpoint: plot.py finds them in the run's log, or refuses.
+    best = checkpoint['best_val_loss']  # inf in an older version's before its first evaluation
     result = {'ckpt_dir': ckpt_dir, 'router': model.config.router, 'step': checkpoint['step'],
-              'best_val_loss': checkpoint['best_val_loss'],
+              'best_val_loss': best if math.isfinite(best) else None,
               'accuracy': {}, 'accuracy_all': {}, 'n': {}, 'n_held_out': {}}
     for n_ops in range(lo, hi + 1):
         t0 = time.time()
@@ -350,7 +351,7 @@ def run_eval(given):
         shown = f"{share(right & held_out, held_out):.1%}" if held_out else '-'
         print(row(n_ops, n_ops + 1, len(examples), f"{share(right, examples):.1%}", len(held_out), shown,
                   f"{time.time() - t0:.1f}s"))
-    print(json.dumps(result))
+    print(json_line(result))
     path = os.path.join(ckpt_dir, 'arith_eval.json')  # for plot.py --mode=arith
     try:
         write_json(path, result)

@@ -58,6 +58,7 @@ import torch
 import torch.nn.functional as F
 
 from configurator import configure, fail, or_fail, read_text
+from lab import json_line
 from lime import load_model, use_fused_kernels
 from prepare import EOT, gpt2_encoding, read_shard, shard_paths, token_bytes, write_atomically
 
@@ -390,6 +391,9 @@ def main():
         else:
             byte_lengths = torch.from_numpy(byte_lengths).to(device)
             bpb, n = bits_per_byte(model, tokens, byte_lengths, block_size, batch_size, device, autocast)
+            if not math.isfinite(bpb):  # the weights are finite (load_model): the logits overflow
+                fail(f"{path}: the bits per byte came out {bpb}, not a result (in {dtype}: "
+                     "--dtype=float32 has more range)")
             print(f"{path}: {bpb:.4f} bits per byte ({n:,} tokens)")
             result.update(bpb=bpb, bpb_tokens=n)
     if task:
@@ -413,7 +417,7 @@ def main():
               f"{right_norm / n:.4f} (per {per}) | {n:,} examples")
         result.update(task=name, protocol=protocol, shots=shots, acc=right / n,
                       acc_norm=right_norm / n, examples=n)
-    print(json.dumps(result))
+    print(json_line(result))
 
 
 if __name__ == '__main__':

@@ -108,7 +108,8 @@ def read_log(run):
 def read_eval(run, records):
     """run/arith_eval.json: accuracy per operator count, keys turned back into ints. It must have
     scored the checkpoint the run's log ends with: its step, and the best validation loss up to it
-    (the checkpoint's), are in the log, and no later evaluation (whose checkpoint replaced it)."""
+    (the checkpoint's; step 0's counts), are in the log, and no later evaluation (whose
+    checkpoint replaced it)."""
     path = os.path.join(run, 'arith_eval.json')
     again = f"python -m lab.arith --mode=eval --ckpt_dir={run}"
     result = read_json(path, 'evaluation', f"run `{again}` first")
@@ -120,7 +121,7 @@ def read_eval(run, records):
     vals = [(r['step'], r['val_loss']) for r in records if 'val_loss' in r]
     always = read_log(run)[0]['config'].get('always_save_checkpoint', True)
     if not (type(step) is int and number(best) and any(s == step for s, _ in vals)
-            and min((v for s, v in vals if 0 < s <= step), default=None) == best
+            and min((v for s, v in vals if s <= step), default=None) == best
             and not (always and any(s > step and math.isfinite(v) for s, v in vals))):
         fail(f"{path} scored another checkpoint than the one {run}/log.txt ends with (left by an "
              f"earlier run, or by an older arith.py?): run `{again}` again")

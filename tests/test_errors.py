@@ -85,7 +85,7 @@ def root(tmp_path_factory, gpt2):
     # The trained run's checkpoint: a flipped bit in a weight, a missing weight, a setting of
     # another lime.py; and moved beside data that changed since (other data's shard sorts first).
     changed = files / 'changed'
-    checkpoint = torch.load(root / 'run' / 'ckpt.pt', weights_only=False)
+    checkpoint = torch.load(root / 'run' / 'ckpt.pt', weights_only=True)
     for name, change in [('missing', lambda c: c['model'].pop('blocks.1.attn_norm.weight')),
                          ('newer', lambda c: c['model_args'].update(n_experts=8)),
                          ('moved', lambda c: c['data'].update(data_dir=str(changed.resolve()))),
@@ -337,7 +337,7 @@ CASES = [
     case('bench-huge-batch', 'lab/bench.py', '--device=cpu --shape=tiny --routers=none '
          '--batch_size=1000000000', "--batch_size=1000000000: a step's logits"),
     case('sample-huge-num-samples', 'sample.py', '--out_dir={run} --device=cpu '
-         '--num_samples=1000000000', '--num_samples=1000000000: their KV caches take'),
+         '--num_samples=1000000000', '--num_samples=1000000000: their KV caches and logits take'),
     case('analyze-more-sequences-than-places', 'lab/analyze.py',
          '--out_dirs={run} --data_dir={data} --batch_size=1000000000',
          '--batch_size=1000000000: more sequences than the'),

@@ -1,8 +1,11 @@
 """
-Faults a run must come through, injected at a known point: Ctrl-C and SIGTERM (a hook in the child
-sends the signal to itself after a given optimizer step, or in the middle of a checkpoint's write),
-a full disk or a file-size limit (a file whose writes raise ENOSPC, or RLIMIT_FSIZE in a child),
-files that cannot be read, a data set read while it is written, and resumes that change settings.
+Faults a run must come through, injected at a known point: Ctrl-C, SIGTERM and SIGHUP (a hook in
+the child sends the signal to itself after a given optimizer step, or in the middle of a
+checkpoint's write), weights that turn nan or worse and a training shard replaced (the same hook,
+after a given step), outputs whose reader is gone (a closed pipe, a closed terminal), a full disk
+or a file-size limit (a file whose writes raise ENOSPC, or RLIMIT_FSIZE in a child), a memory
+limit (RLIMIT_AS in a child, a cgroup's files), files that cannot be read, checkpoints crafted to
+run code or holding nan, a data set read while it is written, and resumes that change settings.
 Each ends in the right result or in one line, with every good file kept as it was and no
 temporary file left behind.
 
@@ -10,9 +13,12 @@ temporary file left behind.
 """
 import errno
 import glob
+import io
 import json
 import os
+import re
 import resource
+import runpy
 import shlex
 import shutil
 import signal
@@ -27,25 +33,43 @@ import bookkeeping
 import configurator
 import lime
 import prepare
-from test_train import ROOT, TINY, data_dir, read_log, run, train  # noqa: F401 (a fixture)
+from test_train import ROOT, TINY, command, read_log, run, saved, train
+from test_train import data_dir  # noqa: F401 (a fixture)
 
 needs_gpt2 = pytest.mark.usefixtures('gpt2')  # skipped offline, saying why (conftest.py)
 
 # Runs train.py as `python train.py ARGS` would (as the script of python or of torchrun), sending
 # this process the signal SIGNAL after its optimizer's AT-th step (on rank RANK only, if given),
 # and, with AGAIN, a second SIGINT once the checkpoint saved after that step has begun its write.
+# SPOIL, {step: what}, spoils what after that step (before the signal): 'nan' in one weight,
+# 'noise' in every weight (finite, a worse model), or a training shard (its path), replaced by the
+# file beside it named .new. SIGHUP is as a shell leaves it: SIG_IGN under nohup, else SIG_DFL.
 SIGNALLING = '''
 import os, runpy, signal, sys
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
-SIGNAL, AT, RANK, AGAIN = {signal}, {at}, {rank}, {again}
+SIGNAL, AT, RANK, AGAIN, SPOIL = {signal}, {at}, {rank}, {again}, {spoil}
+signal.signal(signal.SIGHUP, signal.{sighup})
 steps = 0
 
 def after_step(optimizer, args, kwargs):
     global steps
     steps += 1
+    if steps in SPOIL:
+        spoil(optimizer, SPOIL[steps])
     if steps == AT and RANK in (None, int(os.environ.get('RANK', 0))):
         os.kill(os.getpid(), SIGNAL)
+
+@torch.no_grad()
+def spoil(optimizer, what):
+    weights = [w for group in optimizer.param_groups for w in group['params']]
+    if what == 'nan':
+        weights[0].fill_(float('nan'))
+    elif what == 'noise':
+        for w in weights:
+            w.add_(torch.randn_like(w))
+    else:
+        os.replace(what + '.new', what)
 
 class Interrupted:
     """A file that gets a Ctrl-C as soon as it is written to."""
@@ -69,16 +93,25 @@ runpy.run_path(sys.argv[0], run_name='__main__')
 '''
 
 
-def signalled(tmp_path, *args, signum, at, rank=None, again=False, torchrun=False):
-    """train.py with args, signalled as SIGNALLING says."""
+def signalling(tmp_path, *args, signum=0, at=0, rank=None, again=False, spoil=None, nohup=False,
+               torchrun=False):
+    """(the command that runs train.py with args as SIGNALLING says, its environment)."""
     hook = tmp_path / 'signalling.py'
     hook.write_text(SIGNALLING.format(signal=int(signum), at=at, rank=rank, again=again,
+                                      spoil=spoil or {}, sighup='SIG_IGN' if nohup else 'SIG_DFL',
                                       train_py=os.path.join(ROOT, 'train.py')))
     launcher, env = [sys.executable], {**os.environ, 'PYTHONPATH': ROOT}
     if torchrun:  # one thread each: two processes share the machine
         launcher += ['-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
         env['OMP_NUM_THREADS'] = '1'
-    return subprocess.run([*launcher, str(hook), *args], capture_output=True, text=True, cwd=ROOT,
+    return [*launcher, str(hook), *args], env
+
+
+def signalled(tmp_path, *args, output=None, **how):
+    """train.py with args, signalled as SIGNALLING says; its output captured, or as output says
+    (subprocess.run's stdout and stderr)."""
+    command, env = signalling(tmp_path, *args, **how)
+    return subprocess.run(command, **(output or {'capture_output': True}), text=True, cwd=ROOT,
                           timeout=300, env=env)
 
 
@@ -117,7 +150,7 @@ def test_sigterm_saves_the_step_in_flight_and_the_resume_it_names_trains_on_exac
     line = only_line(result.stderr)
     assert line.startswith(f"stopped by SIGTERM at step 3, its checkpoint saved to {out}/ckpt.pt: "
                            "resume with python "), line
-    assert torch.load(out / 'ckpt.pt')['step'] == 3 and no_temporaries(out)
+    assert saved(out)['step'] == 3 and no_temporaries(out)
     command = shlex.split(line.split('resume with ')[1])
     assert command[1:] == [os.path.join(ROOT, 'train.py'), f'--out_dir={out}', '--init_from=resume']
     run('train.py', *command[2:], '--device=cpu')
@@ -157,8 +190,166 @@ def test_under_ddp_a_signal_to_one_process_stops_all_at_the_same_step(data_dir, 
     assert stopped == [f"stopped by SIGTERM at step 3, its checkpoint saved to {out}/ckpt.pt: "
                        f"resume with torchrun --nproc_per_node=2 {ROOT}/train.py --out_dir={out} "
                        "--init_from=resume"], result.stderr
-    assert torch.load(out / 'ckpt.pt')['step'] == 3
+    assert saved(out)['step'] == 3
     assert max(read_log(out)[0]) == 3  # neither process trained a step past it
+
+
+# -----------------------------------------------------------------------------
+# what may replace a checkpoint: RunDir.save's one rule, at an evaluation and on a stop signal
+
+
+def test_a_checkpoint_is_replaced_only_by_finite_weights_and_as_asked_by_a_better_evaluation(
+        tmp_path):
+    model = lime.GPT(lime.GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=64))
+    optimizer = torch.optim.AdamW(model.parameters())
+    for always in (True, False):
+        out = tmp_path / str(always)
+        config = {'out_dir': str(out), 'init_from': 'scratch', 'overwrite': False, 'max_iters': 10,
+                  'eval_interval': 2, 'device': 'cpu', 'always_save_checkpoint': always}
+        run_dir = bookkeeping.RunDir(config)
+        run_dir.claim(model)
+        run_dir.log_eval(0, 3.0, None)
+        run_dir.save(model, optimizer, NO_DATA, 1, signal.SIGTERM)  # a stop before step 2
+        # Its val loss is step 0's, the last evaluation of its weights' run: not inf
+        checkpoint = saved(out)
+        assert (checkpoint['step'], checkpoint['val_step'], checkpoint['val_loss']) == (1, 0, 3.0)
+        on_disk = []
+        for step, val_loss in [(2, 2.5), (4, 2.7), (6, 2.4)]:  # better, worse, better
+            run_dir.log_eval(step, val_loss, None)
+            run_dir.save(model, optimizer, NO_DATA, step)
+            on_disk.append((saved(out)['step'], saved(out)['val_loss']))
+        expected = [(2, 2.5), (4, 2.7), (6, 2.4)] if always else [(2, 2.5), (2, 2.5), (6, 2.4)]
+        assert on_disk == expected, always
+        assert saved(out)['best_val_loss'] == 2.4
+        # A stop after step 7: with always False, no evaluation since step 6's says it is better
+        run_dir.save(model, optimizer, NO_DATA, 7, signal.SIGTERM)
+        assert saved(out)['step'] == (7 if always else 6)
+        assert (run_dir.unsaved is None) == always
+        # Weights that are not finite replace nothing: on a stop the reason is kept for its line,
+        # at an evaluation the run stops
+        with torch.no_grad():
+            model.lm_head.weight[0, 0] = float('nan')
+        run_dir.save(model, optimizer, NO_DATA, 8, signal.SIGTERM)
+        assert run_dir.unsaved.startswith('its weights are not finite (')
+        run_dir.log_eval(8, 2.0, None)
+        with pytest.raises(SystemExit, match=r"^error: its weights are not finite \(.* at step 8: "
+                                             r"stopping\. The last good checkpoint .* is kept"):
+            run_dir.save(model, optimizer, NO_DATA, 8)
+        assert saved(out)['step'] == (7 if always else 6)
+        assert all(torch.isfinite(w).all() for w in saved(out)['model'].values())
+        with torch.no_grad():
+            model.lm_head.weight[0, 0] = 0.0
+        run_dir.log_file.close()
+        run_dir.lock.close()
+
+
+def test_a_run_started_under_nohup_goes_on_through_sighup(data_dir, tmp_path):
+    out = tmp_path / 'run'
+    result = signalled(tmp_path, *TINY, f'--data_dir={data_dir}', f'--out_dir={out}',
+                       '--max_iters=4', '--eval_interval=4', signum=signal.SIGHUP, at=2, nohup=True)
+    assert result.returncode == 0 and result.stderr == '', result.stderr
+    assert saved(out)['step'] == 4
+
+
+@pytest.mark.parametrize('at', [2, 5])  # before the first checkpoint (step 4), and after it
+def test_weights_that_turn_nan_between_log_lines_are_not_saved_by_a_stop(data_dir, tmp_path, at):
+    out = tmp_path / 'run'
+    # A weight goes nan after step `at`, where no log line sees it, and SIGTERM comes then
+    result = signalled(tmp_path, *TINY, f'--data_dir={data_dir}', f'--out_dir={out}',
+                       '--max_iters=8', '--eval_interval=4', signum=signal.SIGTERM, at=at,
+                       spoil={at: 'nan'})
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr
+    line = only_line(result.stderr)
+    assert re.fullmatch(rf"stopped by SIGTERM at step {at}, not saved: its weights are not finite "
+                        r"\(nan or inf in [\w. ]+\)\. .*", line), line
+    if at < 4:
+        assert line.endswith("No checkpoint was saved before it (the first comes at step 4): start "
+                             "again with a lower learning_rate and --overwrite=True")
+        assert not (out / 'ckpt.pt').exists()
+    else:
+        assert line.endswith(f"The last good checkpoint ({out}/ckpt.pt, step 4) is kept: resume "
+                             "from it with --init_from=resume and a lower learning_rate")
+        kept = saved(out)
+        assert kept['step'] == 4 and all(torch.isfinite(w).all() for w in kept['model'].values())
+
+
+def test_with_always_save_checkpoint_false_a_stop_keeps_the_best_checkpoint(data_dir, tmp_path):
+    out = tmp_path / 'run'
+    # Noise in every weight after step 4 makes step 6's evaluation worse; SIGTERM after step 7
+    result = signalled(tmp_path, *TINY, f'--data_dir={data_dir}', f'--out_dir={out}',
+                       '--max_iters=10', '--eval_interval=2', '--always_save_checkpoint=False',
+                       signum=signal.SIGTERM, at=7, spoil={5: 'noise'})
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr
+    val = read_log(out)[1]
+    best = 4 if val[4] < val[2] else 2  # each evaluation better than the checkpoint's replaced it
+    assert val[6] > val[best] and val[2] < val[0]  # the fault took, and training learned first
+    assert only_line(result.stderr) == (
+        f"stopped by SIGTERM at step 7, not saved: with always_save_checkpoint=False only a better "
+        f"evaluation replaces the checkpoint ({out}/ckpt.pt, step {best}, val loss "
+        f"{val[best]:.4f}), and the last evaluation (step 6, val loss {val[6]:.4f}) is no better: "
+        f"resume from it with python {ROOT}/train.py --out_dir={out} --init_from=resume")
+    kept = saved(out)
+    assert (kept['step'], kept['val_loss']) == (best, val[best])  # what sample.py says of it
+
+
+# -----------------------------------------------------------------------------
+# outputs that close under a run: a `| tee` stopped by the same Ctrl-C, a `| head`, a lost terminal
+
+
+def closed_pipe():
+    """The writing end of a pipe whose reader has gone, as a `| tee` killed by Ctrl-C leaves it."""
+    read, write = os.pipe()
+    os.close(read)
+    return write
+
+
+def test_ctrl_c_after_the_output_pipe_closed_saves_and_says_so_on_stderr(data_dir, tmp_path):
+    out = tmp_path / 'run'
+    stdout = closed_pipe()
+    try:
+        result = signalled(tmp_path, *TINY, f'--data_dir={data_dir}', f'--out_dir={out}',
+                           '--max_iters=8', '--eval_interval=4', signum=signal.SIGINT, at=3,
+                           output={'stdout': stdout, 'stderr': subprocess.PIPE})
+    finally:
+        os.close(stdout)
+    assert result.returncode == 128 + signal.SIGINT, result.stderr
+    assert only_line(result.stderr).startswith(f"stopped by SIGINT at step 3, its checkpoint saved")
+    assert saved(out)['step'] == 3 and max(read_log(out)[0]) == 3
+
+
+def test_a_reader_that_stops_reading_midway_stops_nothing(data_dir, tmp_path):
+    out = tmp_path / 'run'
+    # `2>&1 | head -n 3`: both outputs into one pipe, closed after three lines
+    command, env = signalling(tmp_path, *TINY, f'--data_dir={data_dir}', f'--out_dir={out}',
+                              '--max_iters=6', '--eval_interval=3')
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT,
+                          env=env) as proc:
+        head = [proc.stdout.readline() for _ in range(3)]
+        proc.stdout.close()
+        assert proc.wait(timeout=300) == 0
+    assert head[0].startswith(b'tokens per step')
+    assert saved(out)['step'] == 6 and sorted(read_log(out)[0]) == list(range(1, 7))
+
+
+def test_a_lost_terminal_fails_every_write_and_sighup_still_saves_the_step_in_flight(data_dir,
+                                                                                      tmp_path):
+    out = tmp_path / 'run'
+    terminal, its_end = os.openpty()  # the run writes to its_end; closing terminal loses it
+    command, env = signalling(tmp_path, *TINY, f'--data_dir={data_dir}', f'--out_dir={out}',
+                              '--max_iters=8', '--eval_interval=4', signum=signal.SIGHUP, at=3)
+    proc = subprocess.Popen(command, stdout=its_end, stderr=its_end, cwd=ROOT, env=env)
+    os.close(its_end)
+    seen = b''
+    while b'\n' not in seen:  # its first line: the terminal was there at the start
+        seen += os.read(terminal, 1024)
+    os.close(terminal)  # every write from here fails (EIO)
+    assert proc.wait(timeout=300) == 128 + signal.SIGHUP
+    checkpoint = saved(out)
+    assert checkpoint['step'] == 3 and max(read_log(out)[0]) == 3
+    # Its val loss is step 0's, the run's only evaluation before it (not inf), and said so
+    step_0 = read_log(out)[1][0]
+    assert (checkpoint['val_step'], checkpoint['val_loss']) == (0, step_0)
+    assert lime.val_loss_of(checkpoint) == f"val loss {step_0:.4f} at step 0, its last evaluation"
 
 
 # The scripts stop on Ctrl-C in one line, leaving nothing half-written. Here prepare.py, once it has
@@ -242,6 +433,9 @@ class FullDisk:
         self.f.close()
 
 
+NO_DATA = type('Batches', (), {'state': lambda self: {}})()  # for a checkpoint: no position
+
+
 def fill_the_disk(monkeypatch, room=100):
     """Every file write_atomically opens fails, as on a full disk, after room bytes."""
     monkeypatch.setattr(prepare, 'open', lambda path, mode: FullDisk(open(path, mode), room),
@@ -251,14 +445,14 @@ def fill_the_disk(monkeypatch, room=100):
 def test_a_write_that_fails_keeps_the_old_file_leaves_no_temporary_and_names_the_file(
         tmp_path, monkeypatch):
     model = lime.GPT(lime.GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, vocab_size=64))
-    config = {'out_dir': str(tmp_path), 'device': 'cpu'}
+    config = {'out_dir': str(tmp_path), 'device': 'cpu', 'always_save_checkpoint': True}
     run_dir = bookkeeping.RunDir(config)
-    batches = type('Batches', (), {'state': lambda self: {}})()
+    run_dir.evaluated = (5, 1.0)  # as after step 5's evaluation
     optimizer = torch.optim.AdamW(model.parameters())
     writes = {  # each writer, and the file it writes
         'shard': (lambda: prepare.write_shard(tmp_path / 'x.bin', np.arange(1000)), 'x.bin'),
         'json': (lambda: prepare.write_json(tmp_path / 'task.json', {'a': [0] * 100}), 'task.json'),
-        'checkpoint': (lambda: run_dir.save(model, optimizer, batches, 5, 1.0), 'ckpt.pt'),
+        'checkpoint': (lambda: run_dir.save(model, optimizer, NO_DATA, 5), 'ckpt.pt'),
     }
     for what, (write, name) in writes.items():
         write()
@@ -280,7 +474,7 @@ def test_a_log_line_that_cannot_be_written_stops_the_run_in_one_line(tmp_path):
     config = {'out_dir': str(tmp_path), 'init_from': 'scratch', 'overwrite': False,
               'max_iters': 10, 'device': 'cpu'}
     run_dir = bookkeeping.RunDir(config)
-    run_dir.claim(model, 0)
+    run_dir.claim(model)
     run_dir.log_eval(0, 2.5, None)
     run_dir.log_file = FullDisk(run_dir.log_file, room=10)
     with pytest.raises(SystemExit, match=f"^error: could not write {tmp_path}/log.txt: No space"):
@@ -330,6 +524,179 @@ def test_a_file_that_cannot_be_read_is_named_in_one_line(tmp_path, monkeypatch):
     # Anything else opened through or_fail: its OSError, named, in one line
     with pytest.raises(SystemExit, match=f"^error: {tmp_path}/elsewhere: Permission denied$"):
         configurator.or_fail(denied, tmp_path / 'elsewhere')
+
+
+# -----------------------------------------------------------------------------
+# checkpoints that would run code, or whose weights are not finite: refused by every tool
+
+
+class Planted:
+    """What a crafted checkpoint holds: unpickled, it runs code (here: it creates marker)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return open, (str(self.marker), 'w')
+
+
+TOOLS = {  # each script that loads a checkpoint, with the arguments that take it to the loading
+    'sample.py': ['--out_dir={run}', '--device=cpu'],
+    'train.py': ['--out_dir={run}', '--init_from=resume', '--device=cpu'],
+    'lab.evaluate': ['--out_dir={run}', '--task=', '--data_dir=unread', '--device=cpu'],
+    'lab.analyze': ['--out_dirs={run}', '--device=cpu'],
+    'lab.arith': ['--mode=eval', '--ckpt_dir={run}', '--device=cpu'],
+}
+
+
+def refusal(monkeypatch, tool, run_dir):
+    """The one line that stops tool, run in this process as its command would run it."""
+    monkeypatch.setattr(sys, 'argv', [tool, *(a.format(run=run_dir) for a in TOOLS[tool])])
+    monkeypatch.setattr(sys, 'excepthook', sys.excepthook)  # each sets it: configure
+    monkeypatch.setattr(lime, 'mix_kernels', lime.mix_kernels)  # each chooses: use_fused_kernels
+    monkeypatch.delitem(sys.modules, tool, raising=False)  # run afresh, as a command
+    with pytest.raises(SystemExit) as stopped:
+        if tool.endswith('.py'):
+            runpy.run_path(os.path.join(ROOT, tool), run_name='__main__')
+        else:
+            runpy.run_module(tool, run_name='__main__')
+    return str(stopped.value)
+
+
+def test_a_checkpoint_that_would_run_code_or_holds_nan_is_refused_by_every_tool(tmp_path,
+                                                                                 monkeypatch):
+    model = lime.GPT(lime.GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16))
+    marker = tmp_path / 'code_ran'
+    planted, poisoned = tmp_path / 'planted', tmp_path / 'poisoned'
+    planted.mkdir()
+    torch.save({'model': Planted(marker), 'model_args': {}, 'step': 1, 'best_val_loss': 1.0},
+               planted / 'ckpt.pt')
+    poisoned.mkdir()
+    with torch.no_grad():
+        model.lm_head.weight[3, 5] = float('nan')  # tied: the embedding's row 3 too
+    lime.save_checkpoint(poisoned / 'ckpt.pt', model, step=1, best_val_loss=1.0, config={},
+                         optimizer=torch.optim.AdamW(model.parameters()).state_dict(), data={},
+                         rng={'cpu': torch.get_rng_state(), 'cuda': None})  # as train.py saves
+    for tool in TOOLS:
+        line = refusal(monkeypatch, tool, planted)
+        assert re.fullmatch(rf"error: {planted}/ckpt.pt holds \S+, not only tensors and plain "
+                            r"values as train.py's checkpoints do: refused unread \(.*\)",
+                            line), line
+        assert not marker.exists(), tool
+        line = refusal(monkeypatch, tool, poisoned)
+        assert line == (f"error: {poisoned}/ckpt.pt: its weights are not finite (nan or inf in "
+                        "embed.weight and 1 more): those of a run that diverged, which would only "
+                        "give nan"), tool
+
+
+def test_no_json_file_or_line_holds_a_number_that_is_not_finite(tmp_path):
+    from lab import json_line
+    for bad in (float('nan'), float('inf')):
+        with pytest.raises(ValueError, match=f"^{tmp_path}/result.json: not written: a value is "):
+            prepare.write_json(tmp_path / 'result.json', {'bpb': bad})
+        assert not os.listdir(tmp_path)
+        with pytest.raises(SystemExit, match="^error: a result is not a finite number"):
+            json_line({'bpb': bad})
+    assert json.loads(json_line({'bpb': 1.5})) == {'bpb': 1.5}
+
+
+# -----------------------------------------------------------------------------
+# data that changes under a run
+
+
+def test_a_shard_changed_under_a_run_is_named_when_it_is_opened_and_its_copy_is_read(tmp_path):
+    vocab = 50
+    tokens = np.arange(300) % vocab
+    first, second = tmp_path / 'x_train_000001.bin', tmp_path / 'x_train_000002.bin'
+    changes = {  # what replaces the second shard, and the line that names it
+        'the same vocabulary': (tokens[::-1], f"{second} changed since this run started"),
+        'ids past the vocabulary': (tokens + 10, f"{second} holds token id {vocab + 9}, but "
+                                                 f"vocab_size is {vocab}"),
+    }
+    for what, (other, line) in changes.items():
+        for path in (first, second):
+            prepare.write_shard(path, tokens)
+        batches = prepare.Batches(str(tmp_path), B=2, T=8, vocab_size=vocab)
+        read = [batches.next()[0]]  # the first shard is open
+        prepare.write_shard(first, tokens[::-1])  # rewritten under the run: its copy is read on
+        prepare.write_shard(second, other)
+        with pytest.raises(ValueError) as stopped:
+            while True:
+                read.append(batches.next()[0])
+        assert str(stopped.value).startswith(line), what
+        span = 2 * 8
+        assert len(read) == (len(tokens) - 1) // span, what
+        for i, x in enumerate(read):
+            assert (x.ravel() == tokens[i * span:(i + 1) * span]).all(), what
+
+
+def test_a_training_shard_replaced_mid_run_stops_it_in_one_line_keeping_its_checkpoint(data_dir,
+                                                                                      tmp_path):
+    # Two shards of 300 tokens: a micro-step of 4 x 32 takes 129, so steps 3 and 4 read the second
+    data = tmp_path / 'data'
+    data.mkdir()
+    shutil.copy(glob.glob(os.path.join(data_dir, '*_val_*.bin'))[0], data / 'x_val_000000.bin')
+    tokens = prepare.read_shard(glob.glob(os.path.join(data_dir, '*_train_*.bin'))[0])
+    for i in (1, 2):
+        prepare.write_shard(data / f'x_train_00000{i}.bin', tokens[(i - 1) * 300:i * 300])
+    second = data / 'x_train_000002.bin'
+    prepare.write_shard(f'{second}.new', tokens[600:900])  # other text of the same vocabulary
+    out = tmp_path / 'run'
+    result = signalled(tmp_path, *TINY, f'--data_dir={data}', f'--out_dir={out}', '--max_iters=6',
+                       '--eval_interval=2', spoil={1: str(second)})
+    assert result.returncode == 1
+    assert only_line(result.stderr).startswith(f"error: {second} changed since this run started")
+    assert saved(out)['step'] == 2 and max(read_log(out)[0]) == 2
+
+
+# -----------------------------------------------------------------------------
+# memory: what a job needs, against the limits this process has
+
+
+def test_training_that_does_not_fit_under_ulimit_v_is_refused_naming_the_limit(data_dir, tmp_path):
+    # Weights of about 1 GiB fit in the 3 GiB of address space (less what python and torch map);
+    # with their gradients and AdamW's moments, 4 GiB, training does not.
+    shape = {'n_layer': 12, 'n_head': 8, 'n_embd': 1024}
+    weights = 4 * lime.GPTConfig(**shape, block_size=32, router='static').num_floats()
+    limit = 3 * 2**30
+    result = subprocess.run(
+        [*command('train.py'), *TINY, f'--data_dir={data_dir}', f'--out_dir={tmp_path / "run"}',
+         *(f'--{key}={value}' for key, value in shape.items())],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+        env={**os.environ, 'PYTHONPATH': ROOT},
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    assert result.returncode == 1
+    line = only_line(result.stderr)
+    assert line.startswith(f"error: training's weights, gradients and AdamW moments "
+                           f"({4 * weights / 2**30:,.1f} GiB) and one micro-batch's "
+                           "activations"), line
+    assert "left to this process by its address-space limit (ulimit -v, RLIMIT_AS: 3.0 GiB)" in line
+    assert not (tmp_path / 'run').exists()
+
+
+@pytest.mark.parametrize('version', ['v2', 'v1'])
+def test_a_cgroups_memory_limit_is_found_above_the_process_and_named(tmp_path, monkeypatch,
+                                                                     version):
+    # A scheduler's job (1 GiB) holds the process's own cgroup (no limit of its own)
+    proc, memory, name = {'v2': ('0::/job/step', '/sys/fs/cgroup', 'memory.max'),
+                          'v1': ('4:memory:/job/step', '/sys/fs/cgroup/memory',
+                                 'memory.limit_in_bytes')}[version]
+    files = {'/proc/self/cgroup': f'7:pids:/job\n{proc}\n', f'{memory}/job/{name}': '1073741824\n',
+             f'{memory}/job/step/{name}': 'max\n' if version == 'v2' else '9223372036854771712\n'}
+
+    def fake_open(path, *args):
+        if path not in files:
+            raise FileNotFoundError(path)
+        return io.StringIO(files[path])
+
+    monkeypatch.setattr(configurator, 'open', fake_open, raising=False)
+    assert configurator.cgroup_limit() == (2**30, f'{memory}/job/{name}')
+    monkeypatch.setattr(configurator, 'held_bytes', lambda: (0, 0))
+    assert configurator.memory_limit('cpu') == (
+        2**30, f"left to this process by its cgroup's limit ({memory}/job/{name}: 1.0 GiB)")
+    with pytest.raises(SystemExit, match=rf"^error: 2 GiB of samples take 2.0 GiB, more than the "
+                                         rf"1.0 GiB left to this process by its cgroup's limit"):
+        configurator.check_memory(2 * 2**30, 'cpu', '2 GiB of samples')
 
 
 # -----------------------------------------------------------------------------
@@ -424,7 +791,7 @@ def test_a_resume_applies_changed_optimizer_settings(trained, tmp_path):
                  '--max_iters=3', '--weight_decay=0.5', '--beta2=0.5')
     assert "note: resuming with weight_decay=0.5, changed from the checkpoint's 0.1" in \
         result.stdout
-    groups = torch.load(out / 'ckpt.pt')['optimizer']['param_groups']
+    groups = saved(out)['optimizer']['param_groups']
     assert {group['betas'] for group in groups} == {(0.9, 0.5)}
     assert {group['weight_decay'] for group in groups} == {0.0, 0.5}  # 0: gains, biases, routers
 

@@ -152,7 +152,7 @@ def test_train_sample_and_analyze_take_an_hc_model(data_dir, tmp_path, capsys):
     train(data_dir, out, '--router=none', '--hyper_connections=4', '--max_iters=10', '--eval_interval=10')
     _, val_loss = read_log(out)
     assert val_loss[10] < val_loss[0] - 0.1, val_loss  # it learns; test_train.py checks how well
-    checkpoint = torch.load(out / 'ckpt.pt', weights_only=False)
+    checkpoint = torch.load(out / 'ckpt.pt', weights_only=True)
     assert checkpoint['model_args']['hyper_connections'] == 4 and checkpoint['model_args']['hc_dynamic']
     result = run('sample.py', f'--out_dir={out}', '--start=The list', '--num_samples=1', '--max_new_tokens=8',
                  '--device=cpu')

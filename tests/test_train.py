@@ -52,6 +52,12 @@ def train(data_dir, out_dir, *args, check=True, cwd=ROOT):
                check=check, cwd=cwd)
 
 
+def saved(out_dir):
+    """The checkpoint in out_dir, read as lime.load_checkpoint reads it: tensors and plain values
+    only (weights_only), never a pickle's code."""
+    return torch.load(os.path.join(out_dir, 'ckpt.pt'), weights_only=True)
+
+
 def log_records(out_dir):
     """The step records of out_dir/log.txt, after the run's record that opens it (and only it)."""
     with open(os.path.join(out_dir, 'log.txt')) as f:
@@ -117,7 +123,7 @@ def test_killed_run_resumes_exactly_like_an_uninterrupted_one(data_dir, tmp_path
                 break
         proc.wait()
     assert proc.returncode == -signal.SIGKILL
-    stopped_at = torch.load(killed / 'ckpt.pt')['step']
+    stopped_at = saved(killed)['step']
     assert 10 <= stopped_at < 30
     train(data_dir, killed, *common, '--max_iters=30', '--init_from=resume')
     whole, resumed = read_log(tmp_path / 'whole'), read_log(killed)
@@ -138,7 +144,7 @@ def test_resume_takes_the_model_data_and_schedule_from_the_checkpoint(data_dir, 
     # (recomputed for 4 steps, the rate would jump back up to the peak).
     assert [r['lr'] for r in log_records(out) if r['step'] > 2 and 'lr' in r] == [3e-4, 3e-4]
     assert '4 batch x 16 block' in result.stdout
-    checkpoint = torch.load(out / 'ckpt.pt')
+    checkpoint = saved(out)
     assert checkpoint['step'] == 4 and checkpoint['model_args']['block_size'] == 16
     assert checkpoint['model_args']['rope_base'] == 500000.0  # every GPTConfig field is a train.py key
     assert checkpoint['config']['data_dir'] == str(data_dir)
@@ -169,8 +175,7 @@ def test_a_short_last_shard_is_skipped_and_the_run_trains_past_it(data_dir, tmp_
     assert 'read from its start' not in result.stdout and not list(out.glob('*.tmp'))
     assert read_log(out)[0].keys() == set(range(1, 7))
     shards = [['x_train_000001.bin', 300], ['x_train_000002.bin', 300], ['x_train_000003.bin', 50]]
-    assert torch.load(out / 'ckpt.pt')['data'] == {'shard': 0, 'pos': 256, 'data_dir': str(data),
-                                                   'shards': shards}
+    assert saved(out)['data'] == {'shard': 0, 'pos': 256, 'data_dir': str(data), 'shards': shards}
 
 
 def test_a_repeated_command_keeps_the_earlier_run_unless_told_to_overwrite(data_dir, tmp_path):
@@ -183,7 +188,7 @@ def test_a_repeated_command_keeps_the_earlier_run_unless_told_to_overwrite(data_
                        f'{out} holds a run (ckpt.pt, log.txt)', '--init_from=resume', '--overwrite=True')
     assert {path.name: path.read_bytes() for path in out.iterdir()} == before
     train(data_dir, out, '--max_iters=2', '--eval_interval=2', '--overwrite=True', '--seed=7')
-    assert torch.load(out / 'ckpt.pt')['config']['seed'] == 7
+    assert saved(out)['config']['seed'] == 7
     assert logged_steps(out) == [(0, 'val'), (1, 'train'), (2, 'train'), (2, 'val')]
 
 
@@ -212,7 +217,7 @@ def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(data_d
                    '--lr_decay_iters=0', '--learning_rate=1e30', '--router_lr=1e30',
                    '--grad_clip=0.0', check=False)
     assert_clean_error(result, 'is nan', 'last good checkpoint')
-    kept = torch.load(out / 'ckpt.pt')
+    kept = saved(out)
     assert 4 <= kept['step'] < 50
     assert all(torch.isfinite(v).all() for v in kept['model'].values()), "a poisoned checkpoint was saved"
 
