@@ -797,7 +797,8 @@ def start_tests():
     if importlib.util.find_spec('pytest') is None:
         return None
     env = dict(os.environ, CUDA_VISIBLE_DEVICES='', OMP_NUM_THREADS='2',
-               TORCHINDUCTOR_COMPILE_THREADS='1')
+               TORCHINDUCTOR_COMPILE_THREADS='1',
+               COLUMNS='200')  # wide enough for pytest to say why each failure failed
     output = tempfile.TemporaryFile('w+')  # not a pipe, which a long output would fill
     process = subprocess.Popen([sys.executable, '-m', 'pytest', '-q', 'tests/test_kernels.py'],
                                cwd=ROOT, stdout=output, stderr=subprocess.STDOUT, text=True,
