@@ -84,7 +84,7 @@ DEVICE = 'cuda' if ON_A_GPU else 'cpu'
 ON_A_CPU = dict(n_layer=4, n_embd=32, n_head=2, n_kv_head=0, mlp_hidden=0, block_size=32,
                 vocab_size=256)
 # Each part's share of `minutes`; the tests run beside the others and need none.
-SHARES = {'self_check': 0.05, 'gradients': 0.25, 'training': 0.45, 'profile': 0.1, 'deep': 0.15}
+SHARES = {'self_check': 0.05, 'gradients': 0.2, 'training': 0.5, 'profile': 0.1, 'deep': 0.15}
 # Sequences in part 2's step and part 4's compiled step: two, so that a mix that mixed up
 # two sequences would show
 SMALL_BATCH = 2
