@@ -321,7 +321,7 @@ CASES = [
     case('gpu-check-preset-not-a-literal', 'lab/gpu_check.py',
          '--preset={files}/expression_preset.py', 'expression_preset.py:1: config files hold'),
     case('gpu-check-unknown-part', 'lab/gpu_check.py', '--parts=self_check,speed',
-         "parts: 'speed' is not one of tests, self_check, training, deep"),
+         "parts: 'speed' is not one of self_check, gradients, training, profile, deep, tests"),
     # sizes past this machine's memory: refused before anything is allocated, in one line (the
     # model's weights in lime.GPTConfig; a script's own arrays in configurator.check_memory)
     *[case(f'train-huge-{key}', 'train.py', f'--device=cpu --{key}={value}',
@@ -385,7 +385,7 @@ NUMERIC_KEYS = {
     'lab/bench.py': (['hyper_connections', 'steps', 'warmup'], ['batch_size'],
                      ['peak_flops', 'bandwidth'], []),
     'lab/plot.py': (['n_ops'], [], [], []),
-    'lab/gpu_check.py': (['steps', 'deep_steps', 'batch_size'], [], [], []),
+    'lab/gpu_check.py': (['steps', 'deep_steps'], [], ['minutes'], []),
     'lab/table1.py': (['batch_size'], ['num_fewshot', 'limit', 'seed'], [], []),
 }
 
