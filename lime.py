@@ -263,6 +263,16 @@ def use_fused_kernels(fused, device, shape=None):
     return mix_kernels
 
 
+def compile_model(model, **options):
+    """torch.compile(model, **options), as every script compiles it. kernels/memory.py's mix is a
+    graph break in each routed layer, so dynamo compiles each layer's attention on its own (their
+    layer indices differ): past its default limit of 8 such recompiles, later layers would run
+    uncompiled. It is let keep one per layer."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
+                                               model.config.n_layer)
+    return torch.compile(model, **options)
+
+
 # -----------------------------------------------------------------------------
 # The LLaMA parts: rotary embedding, MLP, the block, the KV cache.
 # LLaMA's norm is torch's nn.RMSNorm: each vector scaled to unit root-mean-square, then by a gain.

@@ -24,7 +24,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import bookkeeping
 from configurator import configure, fail, or_fail
-from lime import GPT, GPTConfig, use_fused_kernels
+from lime import GPT, GPTConfig, compile_model, use_fused_kernels
 from prepare import (BYTES_VOCAB, Batches, data_tokenizer, prepare_if_default, read_shard,
                      shard_paths, token_bytes)
 
@@ -204,7 +204,7 @@ checkpoint = None  # free the memory
 raw_model = model  # the model itself: its state dict is what checkpoints hold
 if compile:
     log("compiling the model (a minute or so)...")
-    model = torch.compile(model)
+    model = compile_model(model)
 if ddp:  # the model's only buffers are constants (RoPE tables): DDP need not broadcast them
     local = [int(os.environ['LOCAL_RANK'])] if device_type == 'cuda' else None
     model = DDP(model, device_ids=local, broadcast_buffers=False)

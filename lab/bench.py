@@ -26,7 +26,7 @@ import torch
 
 from configurator import check_memory, configure, fail, or_fail
 from lab.gpu_check import cell, commit, ratio  # as in its report
-from lime import GPT, ROUTERS, GPTConfig, use_fused_kernels
+from lime import GPT, ROUTERS, GPTConfig, compile_model, use_fused_kernels
 
 SHAPES = {  # name: (GPTConfig fields, batch size)
     'gpt2': (dict(n_layer=12, n_head=12, n_embd=768, block_size=1024), 32),
@@ -122,7 +122,7 @@ def measure(model_args, B, name):
                  f"--batch_size={B}: a step's logits ({B} x {T} tokens x the vocabulary)")
     model = GPT(model_config).to(device)
     optimizer = model.configure_optimizers(0.1, 1e-3, 1e-2, fused=device_type == 'cuda')
-    step_model = torch.compile(model) if compile else model
+    step_model = compile_model(model) if compile else model
     x = torch.randint(0, model.config.vocab_size, (B, T + 1), device=device)
     x, y = x[:, :-1], x[:, 1:]
 

@@ -59,7 +59,7 @@ import torch.nn.functional as F
 
 from configurator import configure, fail, or_fail, read_text
 from lab import json_line
-from lime import load_model, use_fused_kernels
+from lime import compile_model, load_model, use_fused_kernels
 from prepare import EOT, gpt2_encoding, read_shard, shard_paths, token_bytes, write_atomically
 
 # -----------------------------------------------------------------------------
@@ -408,7 +408,7 @@ def main():
             examples = with_shots(examples, solved, shots, seed, protocol, shot_draw)
         encoded = [encode_example(enc, example, block_size, protocol) for example in examples]
         if compile:
-            model = torch.compile(model)
+            model = compile_model(model)
         right, right_norm, n = multiple_choice(model, encoded, [label for *_, label in examples], device,
                                                autocast, block_size if compile else None, progress=True)
         name = 'hellaswag' if task == 'hellaswag' else os.path.basename(task)

@@ -65,7 +65,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from configurator import configure, fail, read_text
 from kernels import memory
-from lime import GPT, ROUTERS, DynamicRouter, GPTConfig, last_line, use_fused_kernels
+from lime import (GPT, ROUTERS, DynamicRouter, GPTConfig, compile_model, last_line,
+                  use_fused_kernels)
 from prepare import shard_path, write_shard
 
 # -----------------------------------------------------------------------------
@@ -218,7 +219,7 @@ def step_gradients(model, x, compiled, autocast):
     """Every parameter's gradient after one forward and backward pass of model on x (B, T + 1),
     with the mix that lime.use_fused_kernels has set; compiled: through torch.compile, as train.py
     runs it."""
-    step_model = torch.compile(model) if compiled else model
+    step_model = compile_model(model) if compiled else model
     with autocast:
         _, loss = step_model(x[:, :-1], x[:, 1:])
     loss.backward()
@@ -667,7 +668,7 @@ def sdpa_ops(cfg):
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = GPT(cfg).to(DEVICE)
-    step_model = torch.compile(model) if ON_A_GPU else model
+    step_model = compile_model(model) if ON_A_GPU else model
     x = torch.randint(0, cfg.vocab_size, (SMALL_BATCH, cfg.block_size + 1), device=DEVICE)
     autocast = bf16_autocast() if ON_A_GPU else nullcontext()
 
@@ -739,7 +740,7 @@ def timed_steps(cfg, n_steps, B):
     torch.manual_seed(0)
     model = GPT(cfg).to(DEVICE).train()
     optimizer = model.configure_optimizers(0.1, 3e-4, 3e-3, fused=ON_A_GPU)
-    step_model = torch.compile(model) if ON_A_GPU else model
+    step_model = compile_model(model) if ON_A_GPU else model
     autocast = bf16_autocast() if ON_A_GPU else nullcontext()
     x = torch.randint(0, cfg.vocab_size, (B, cfg.block_size + 1), device=DEVICE)
     if ON_A_GPU:
