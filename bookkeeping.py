@@ -25,7 +25,7 @@ from prepare import lock, write_atomically
 
 # Settings that belong to the machine a run is on, not to the run: today's, also on a resume.
 MACHINE_KEYS = {'out_dir', 'init_from', 'overwrite', 'device', 'dtype', 'compile', 'fused',
-                'peak_flops'}
+                'checkpoint_blocks', 'peak_flops'}
 CHECKPOINT_KEYS = ('optimizer', 'step', 'best_val_loss', 'config', 'data', 'rng')
 
 

@@ -361,7 +361,7 @@ class GPT(nn.Module):
     the embedding. Its forward pass makes the layer memory that the attention layers share."""
 
     # Activation checkpointing (train.py's checkpoint_blocks): keep each block's input only, and
-    # recompute the rest in the backward pass; less memory for about a third more compute.
+    # recompute the rest in the backward pass: less memory for more compute (docs/performance.md).
     checkpoint_blocks = False
 
     def __init__(self, config):

@@ -76,7 +76,7 @@ min_lr = 1e-6  # router_lr decays by the same factor
 device = 'cuda' if torch.cuda.is_available() else 'cpu'  # 'cpu', 'cuda' or 'cuda:N'
 dtype = 'bfloat16'  # 'bfloat16' (autocast) or 'float32'; on a CPU the default is float32
 compile = True  # torch.compile the model; on a CPU the default is False
-checkpoint_blocks = False  # activation checkpointing: less memory, about a third more compute
+checkpoint_blocks = False  # activation checkpointing: recompute each block, for less memory
 fused = None  # LIMe's mix: None = kernels/memory.py (checked first on a GPU), False = lime.py's
 peak_flops = 989e12  # for MFU: bf16 dense peak of one device (H100 SXM)
 seed = 1337  # for the initial weights

@@ -1,7 +1,10 @@
 """The paper's deep-narrow models: 256 wide, 8 heads, SwiGLU 1024, 32 layers here; the paper also
 trains 64 and 128 (--n_layer=64), where LIMe's lead grows (a 64-layer LIMe beats a 128-layer LLaMA).
 Routing reads O(n_layer^2) keys/values per token, so a deep LIMe step costs noticeably more.
-bench.py's `deep` shape times this model at 64 layers (and a 1,024-token block).
+bench.py's `deep` shape times this model at 64 layers (and a 1,024-token block). Where its
+activations do not fit, --checkpoint_blocks=True keeps only each block's input and recomputes the
+rest in the backward pass (docs/performance.md: on a CPU at 32 layers x 64, a fifth to a third of
+a LIMe step's peak memory, for 1.35-1.5x its time).
     python train.py config/deep.py --router=none --max_iters=5000
 """
 out_dir = 'out/deep'

@@ -108,6 +108,18 @@ def test_a_few_training_steps_lower_the_loss_and_sampling_works(data_dir, tmp_pa
     assert f'router={router}' in result.stderr
 
 
+@pytest.mark.parametrize('fused', ['None', 'False'])
+def test_checkpoint_blocks_trains_to_the_same_losses(data_dir, tmp_path, fused):
+    # Activation checkpointing recomputes each block in the backward pass: the same numbers,
+    # with kernels/memory.py's mix and with lime.py's
+    common = ['--router=static', '--eval_interval=10', '--max_iters=10', f'--fused={fused}']
+    train(data_dir, tmp_path / 'plain', *common)
+    train(data_dir, tmp_path / 'checkpointed', *common, '--checkpoint_blocks=True')
+    plain, checkpointed = read_log(tmp_path / 'plain'), read_log(tmp_path / 'checkpointed')
+    assert checkpointed[0] == pytest.approx(plain[0], rel=1e-5)  # the train losses
+    assert checkpointed[1] == pytest.approx(plain[1], rel=1e-5)  # the val losses
+
+
 def test_killed_run_resumes_exactly_like_an_uninterrupted_one(data_dir, tmp_path):
     common = ['--router=dynamic', '--eval_interval=10', '--lr_decay_iters=30']
     train(data_dir, tmp_path / 'whole', *common, '--max_iters=30')
