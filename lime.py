@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
+import torch.utils.checkpoint
 
 from configurator import memory_limit
 
@@ -419,13 +419,15 @@ class GPT(nn.Module):
         # (kernels/memory.py brings a memory of its own: one head-major buffer for all layers.)
         memory = None
         if cfg.router != 'none':
-            memory = [None] * cfg.n_layer if mix_kernels is None else mix_kernels.LayerMemory(
-                cfg.n_layer)
+            memory = [None] * cfg.n_layer
+            if mix_kernels is not None:
+                memory = mix_kernels.LayerMemory(cfg.n_layer)
         for block in self.blocks:
             if self.checkpoint_blocks and torch.is_grad_enabled():
                 # Only the block's input is kept; the backward pass runs the block again for the
                 # rest (its attention sets the same memory entry again).
-                x = checkpoint(block, x, self.rotary, memory, cache, use_reentrant=False)
+                x = torch.utils.checkpoint.checkpoint(block, x, self.rotary, memory, cache,
+                                                      use_reentrant=False)
             else:
                 x = block(x, self.rotary, memory, cache)
         if cache is not None:

@@ -68,7 +68,7 @@ class LayerMemory:
 
     def write_rows(self, S):
         """Copy the sources of layers written..S-1 into their rows (making the buffer at the
-        first call); returns them, those whose gradient this mix returns."""
+        first call); returns them: the sources whose gradient the mix of layer S-1 returns."""
         first = min(self.written, S)
         sources = self.sources[first:S]
         if self.rows is None:
@@ -81,7 +81,7 @@ class LayerMemory:
         # The rows hold them now (and a block run again finds its rows written): let them go.
         self.sources[:S] = [None] * S
         self.written = max(self.written, S)
-        return first, sources
+        return sources
 
 
 def head_major(kv):
@@ -137,7 +137,7 @@ class Mix(torch.autograd.Function):
 @torch.compiler.disable  # a graph break: torch.compile runs the mix as eager code
 def mix(how, weights, memory, S):
     """Layer S-1's mix, (G, B, T, 2, hs), with its weights (already in the memory's dtype)."""
-    first, sources = memory.write_rows(S)
+    sources = memory.write_rows(S)
     # In the memory's dtype, whatever autocast would choose: the weights are cast to it already
     with torch.autocast(memory.rows.device.type, enabled=False):
         out, memory.chain = Mix.apply(how, memory, S, weights, memory.chain, *sources)
