@@ -11,6 +11,7 @@ import difflib
 import math
 import os
 import re
+import signal
 import sys
 import time
 from contextlib import nullcontext
@@ -120,12 +121,23 @@ def or_fail(call, *args, **kwargs):
 
 def interrupted(kind, error, traceback):
     """sys.excepthook, from configure on: Ctrl-C (a KeyboardInterrupt) ends a script with one line,
-    not a traceback; on the way out, a file being written has removed its temporary. Python then
-    exits as Ctrl-C does (130 in a shell)."""
+    not a traceback; on the way out, a file being written has removed its temporary. The script
+    then ends as Ctrl-C ends it (killed by SIGINT: 130 in a shell)."""
     if not issubclass(kind, KeyboardInterrupt):
         return sys.__excepthook__(kind, error, traceback)
     if os.environ.get('RANK', '0') in ('', '0'):  # under torchrun, the first process only
         print(f"interrupted: {os.path.basename(sys.argv[0])} stopped", file=sys.stderr)
+    if os.name == 'posix':
+        # Python would end by killing itself with SIGINT, as Ctrl-C does; but once some libraries
+        # are imported (torch._dynamo, by kernels/memory.py), their exit handlers leave it at
+        # exit status 1. So end that way here, the output written first.
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed pipe or terminal: nothing more to write
+                pass
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
 
 
 def read_config_file(path, config):
