@@ -320,9 +320,8 @@ class RunDir:
         the val loss of the run's last evaluation (at an evaluation, that of its own weights), and
         is written whole or not at all. Weights that are not finite stop the run at an evaluation;
         on a stop, self.unsaved says why the checkpoint was kept, for stop's line."""
-        if bad := non_finite(model):
-            more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
-            why = f"its weights are not finite (nan or inf in {bad[0]}{more})"
+        if where := non_finite(model):
+            why = f"its weights are not finite ({where})"
             if not signum:
                 fail(f"{why} at step {step}: stopping. {self.advice()}")
             self.unsaved = f"{why}. {self.advice()}"

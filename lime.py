@@ -560,17 +560,21 @@ def load_checkpoint(path, device, keys=('step', 'best_val_loss')):
         raise ValueError(f"{path}: its model does not load into this lime.py: "
                          f"{last_line(e)}") from None
     # train.py saves no such weights; older versions did, on a stop between two log lines
-    if bad := non_finite(model):
-        more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
-        raise ValueError(f"{path}: its weights are not finite (nan or inf in {bad[0]}{more}): "
-                         "those of a run that diverged, which would only give nan")
+    if where := non_finite(model):
+        raise ValueError(f"{path}: its weights are not finite ({where}): those of a run that "
+                         "diverged, which would only give nan")
     return model.eval().to(device), checkpoint
 
 
 def non_finite(model):
-    """The names of model's weights that hold a nan or an inf: a diverged run's, never saved."""
-    return [name for name, w in model.state_dict().items()
-            if w.is_floating_point() and not torch.isfinite(w).all()]
+    """Where model's weights hold a nan or an inf (a diverged run's, never saved), said in a few
+    words: "nan or inf in blocks.0.mlp.down_proj.weight and 3 more"; None where all are finite."""
+    bad = [name for name, w in model.state_dict().items()
+           if w.is_floating_point() and not torch.isfinite(w).all()]
+    if not bad:
+        return None
+    more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+    return f"nan or inf in {bad[0]}{more}"
 
 
 def load_model(path, device):
