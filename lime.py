@@ -250,11 +250,11 @@ mix_kernels = None
 
 
 def use_fused_kernels(fused, device, shape=None):
-    """Set the switch for every model (the scripts' `fused` key): None, kernels/memory.py (on a
-    GPU, unless its self-check at the run's shape fails: then, with a note, this file's code);
-    True, kernels/memory.py, or a ValueError saying why not; False, the plain PyTorch here. shape:
-    the run's (kv heads, head size, dtype), for that self-check. tests/test_kernels.py holds
-    kernels/ to this file."""
+    """Set the switch for every model (the scripts' `fused` key): None, kernels/memory.py on a CPU
+    and the plain PyTorch here on a GPU (compiled, the faster there: kernels/__init__.py); True,
+    kernels/memory.py, or a ValueError where its self-check at the run's shape fails on a GPU;
+    False, the plain PyTorch here. shape: the run's (kv heads, head size, dtype), for that
+    self-check. tests/test_kernels.py holds kernels/ to this file."""
     global mix_kernels
     mix_kernels = None
     if fused is not False:

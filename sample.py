@@ -24,7 +24,7 @@ top_k = 200  # sample only among the top_k likeliest tokens; 0 means all of them
 seed = 1337
 device = 'cuda' if torch.cuda.is_available() else 'cpu'
 dtype = 'bfloat16'  # 'bfloat16' (autocast) or 'float32'; on a CPU the default becomes float32
-fused = None  # LIMe's mix: None = kernels/memory.py, False = lime.py's plain PyTorch
+fused = None  # LIMe's mix: True = kernels/memory.py, False = lime.py's; None: CPU True, GPU False
 # -----------------------------------------------------------------------------
 config, given, autocast = configure(globals(), {
     'path': ['out_dir'], 'text': ['start'], 'positive': ['num_samples', 'max_new_tokens'],

@@ -77,7 +77,7 @@ device = 'cuda' if torch.cuda.is_available() else 'cpu'  # 'cpu', 'cuda' or 'cud
 dtype = 'bfloat16'  # 'bfloat16' (autocast) or 'float32'; on a CPU the default is float32
 compile = True  # torch.compile the model; on a CPU the default is False
 checkpoint_blocks = False  # activation checkpointing: recompute each block, for less memory
-fused = None  # LIMe's mix: None = kernels/memory.py (checked first on a GPU), False = lime.py's
+fused = None  # LIMe's mix: True = kernels/memory.py, False = lime.py's; None: CPU True, GPU False
 peak_flops = 989e12  # for MFU: bf16 dense peak of one device (H100 SXM)
 seed = 1337  # for the initial weights
 # -----------------------------------------------------------------------------

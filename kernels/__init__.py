@@ -2,27 +2,29 @@
 lime.use_fused_kernels through choose() below. memory.py keeps the layer memory head-major and mixes
 it with one matrix product per layer, in plain PyTorch, on a CPU and on a GPU alike; loss.py is a
 leaner cross-entropy for a CPU. tests/test_kernels.py holds both to lime.py's definition."""
-import os
-
 from kernels import memory
 
 
 def choose(fused, device, shape=None):
     """The module that lime.py's switch should point at, or None for its plain PyTorch.
-    fused: None (automatic: memory.py, unless its self-check fails), True (memory.py, or a
-    ValueError where its self-check fails), False (None). shape: the run's (kv heads, head size,
-    dtype). On a GPU, memory.py first checks itself at that shape against the definition (under
-    a second), since no CPU test can show a GPU's arithmetic; on a CPU the tests are that check,
-    and None skips it (inference, tests)."""
+    fused: None (automatic: memory.py on a CPU, lime.py's definition on a GPU), True (memory.py,
+    or a ValueError where its self-check fails), False (None). shape: the run's (kv heads, head
+    size, dtype). Asked for on a GPU, memory.py first checks itself at that shape against the
+    definition (under a second), since no CPU test can show a GPU's arithmetic; on a CPU the
+    tests are that check, and None skips it (inference, tests)."""
+    on_a_gpu = str(device).startswith('cuda')
     if fused is False:
         return None
-    why = None
-    if shape is not None and str(device).startswith('cuda'):
+    if fused is None and on_a_gpu:
+        # On a GPU the definition, compiled by the run, was the faster and took less memory: one
+        # H100, config/gpt2.py's training step (12 layers, bf16, lab.gpu_check, 2026-11-27),
+        # static 270,251 tokens/s (41.05 GiB) against memory.py's 211,578 (44.70 GiB), dynamic
+        # 334,506 (32.47 GiB) against 208,939 (44.72 GiB). One shape over 4 steps: at depth the
+        # definition has not run on a GPU, and fused=True runs memory.py there. On a CPU memory.py
+        # stays the choice (docs/performance.md measures it there).
+        return None
+    if shape is not None and on_a_gpu:
         why = memory.self_check(*shape, device)
-    if why is None:
-        return memory
-    if fused:
-        raise ValueError(f"fused=True: {why}; use fused=None or False for the plain mix")
-    if os.environ.get('RANK', '0') in ('', '0'):
-        print(f"note: LIMe's mix runs in lime.py's plain PyTorch: {why}", flush=True)
-    return None
+        if why is not None:
+            raise ValueError(f"fused=True: {why}; use fused=None or False for the plain mix")
+    return memory

@@ -10,12 +10,13 @@ side by side, on random tokens, and print one markdown table.
 Each router's number is the median of `steps` timed steps after `warmup` untimed ones. The first
 step compiles: its time beyond a normal step is the compile column. Ratios to 'none' come from the
 same run: compare those, not absolute numbers across runs. A LIMe router runs LIMe's mix as
-`fused` says (by default kernels/memory.py, the head-major layer memory); named with '-plain'
-(static-plain) it runs lime.py's definition instead, to compare the two. 'hc' is the paper's
-other baseline, hyper-connections (dynamic, with `hyper_connections` streams) on the plain model,
-and '-hc' after a router adds them to it (static-hc). The routing-floor column counts the bytes
-LIMe's mix must move (see routing_bytes) and the time they take at `bandwidth` bytes/s: no exact
-implementation beats it.
+`fused` says (by default as every script: lime.py's definition on a GPU, kernels/memory.py on a
+CPU; --fused=True for memory.py on a GPU); named with '-plain' (static-plain) it runs lime.py's
+definition whatever `fused` says, to compare the two. 'hc' is the paper's other baseline,
+hyper-connections (dynamic, with `hyper_connections` streams) on the plain model, and '-hc' after
+a router adds them to it (static-hc). The routing-floor column counts the bytes LIMe's mix must
+move (see routing_bytes) and the time they take at `bandwidth` bytes/s: no exact implementation
+beats it.
 """
 import statistics
 import sys
@@ -42,7 +43,7 @@ GPU_SHAPES = ['gpt2', 'paper_1b', 'paper_1b_gqa', 'deep']  # what --shape=all ru
 shape = 'gpt2'  # one of SHAPES, or 'all' for every GPU shape; on a CPU the default becomes 'tiny'
 routers = 'none,static,dynamic'  # '-plain': lime.py's definition; 'hc', '-hc': hyper-connections
 hyper_connections = 4  # streams of the HC rows (the paper's rate)
-fused = None  # LIMe's mix: None or True = kernels/memory.py, False = lime.py's definition
+fused = None  # LIMe's mix: True = kernels/memory.py, False = lime.py's; None: CPU True, GPU False
 batch_size = 0  # 0 means the shape's own
 steps = 20  # timed steps per router
 warmup = 5  # untimed steps first (compilation happens in the first; at least 1)

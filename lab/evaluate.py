@@ -78,7 +78,7 @@ shot_draw = 'k+1'  # the harness's draw: 'k+1' (its HellaSwag, PIQA, ...) or 'k'
 device = 'cuda' if torch.cuda.is_available() else 'cpu'
 dtype = 'bfloat16'  # 'bfloat16' (autocast) or 'float32'; on a CPU the default becomes float32
 compile = True  # torch.compile the model, every forward padded to block_size; on a CPU the default is False
-fused = None  # LIMe's mix: None = kernels/memory.py, False = lime.py's plain PyTorch
+fused = None  # LIMe's mix: True = kernels/memory.py, False = lime.py's; None: CPU True, GPU False
 # -----------------------------------------------------------------------------
 
 

@@ -1,14 +1,14 @@
 """
 gpu_check.py: the one command that checks LIMe's mix (kernels/memory.py) on this GPU, with this
 torch, as train.py runs it, against lime.py's definition, and measures the two side by side. Its
-report is what docs/performance.md records: until one is recorded, every GPU speed there is a
-prediction.
+reports are what docs/performance.md records (the first: one H100, 2026-11-27).
 
     python -m lab.gpu_check                                        # all, within 8 minutes
     python -m lab.gpu_check --parts=gradients --presets=config/deep.py --minutes=20
 
 The parts (`parts` names some, in that order), each with its wall time in the report:
-1. self_check: memory.self_check, which train.py runs on a GPU before step 0, at every preset's kv
+1. self_check: memory.self_check, which train.py runs on a GPU before step 0 with --fused=True
+   (memory.py asked for; the automatic choice there is the definition), at every preset's kv
    heads and head size, in bfloat16 and float32: the mix run as a run runs it (eager: a compiled
    model breaks its graph at each mix), through enough layers to take both of the dynamic mix's
    ways. It cannot see the compiled code around the mix: part 2 checks that.
@@ -20,8 +20,9 @@ The parts (`parts` names some, in that order), each with its wall time in the re
    shards of random tokens written here: an evaluation (the graph train.py compiles first), then
    `steps` optimizer steps of the preset's batch and gradient accumulation (config/gpt2.py: 32
    sequences x 16 micro-steps), for static and dynamic, each with the compiled definition
-   (--fused=False) and with memory.py (the default), then router none: the loss curves, tokens/s
-   and compile time from each run's log.txt, the GPU memory each run took.
+   (--fused=False, what a run on a GPU runs by default) and with memory.py (--fused=True), then
+   router none: the loss curves, tokens/s and compile time from each run's log.txt, the GPU
+   memory each run took.
 4. profile: torch.profiler over the mixes of all the preset's layers, forward and backward, at its
    batch, alone (the code a run runs between its compiled pieces): a table of their kernels' time
    and bytes/s beside docs/performance.md's floor; and which SDPA backend a compiled step ran.
@@ -29,13 +30,15 @@ The parts (`parts` names some, in that order), each with its wall time in the re
 6. tests: tests/test_kernels.py on this machine's CPU with its torch, started first and run beside
    the others (two threads, the GPU hidden from it), its result reported last.
 
-GPU runs are rare: the whole check is meant to take under 8 minutes on one H100 (`minutes`; not
-timed on one yet). Each part gets its share of them (SHARES) and starts its next piece (a preset,
-a run, a router) only while the time left in its share is at least what its last piece took;
-the report names what it left out. On a CPU the same code runs small: a tiny model (ON_A_CPU) for
-every preset in part 2 (still compiled, in bf16 autocast) and in parts 3 to 5, whose runs are
-float32 and eager, as train.py runs on a CPU: the code paths, not a GPU's numbers or speed.
-The report (markdown, to paste) is printed and written to `report`.
+GPU runs are rare: the whole check is meant to take under 8 minutes on one H100 (`minutes`). On
+one (2026-11-27) the training part's five runs alone took 7.3 minutes (54 to 132 s each): give
+it, or each part, time of its own (`parts`, `minutes`). Each part gets its share of the minutes
+(SHARES) and starts its next piece (a preset, a run, a router) only while the time left in its
+share is at least what its last piece took; the report names what it left out. On a CPU the
+same code runs small: a tiny model (ON_A_CPU) for every preset in part 2 (still compiled, in bf16
+autocast) and in parts 3 to 5, whose runs are float32 and eager, as train.py runs on a CPU: the
+code paths, not a GPU's numbers or speed. The report (markdown, to paste) is printed and written
+to `report`.
 """
 import ast
 import gc
@@ -175,8 +178,9 @@ def left_out(pieces):
 def self_checks(clock):
     """A table, one row per preset, a cell per dtype: 'passed' or what differed."""
     lines = [f"memory.py on {DEVICE} against lime.py's definition in float32 on the CPU, run eager "
-             "and under autocast as a run runs the mix. What it cannot see: the compiled code "
-             "around the mix (part 2) and speed (parts 3 to 5).", '',
+             "and under autocast as a run runs the mix (float32 in full float32, TF32 off, as the "
+             "check runs it). What it cannot see: the compiled code around the mix (part 2) and "
+             "speed (parts 3 to 5).", '',
              '| preset | kv heads | head size | bfloat16 | float32 |', '|---|---|---|---|---|']
     skipped = []
     for path in sorted(glob.glob(os.path.join(ROOT, 'config', '*.py'))):
@@ -366,15 +370,16 @@ def write_random_shards(data_dir, values):
         write_shard(shard_path(data_dir, 'random', split, index), tokens)
 
 
-def train_command(router, fused, data_dir, out_dir):
-    """torchrun's arguments: train.py as a user starts it, with these runs' settings (and on a CPU
-    a tiny model)."""
+def train_command(router, mix, data_dir, out_dir):
+    """torchrun's arguments: train.py as a user starts it, with these runs' settings and the mix
+    named ('definition', 'memory.py', or '-': the baseline has none), and on a CPU a tiny model."""
     command = ['--standalone', '--nproc_per_node=1', 'train.py', preset, f'--router={router}',
                f'--data_dir={data_dir}', f'--out_dir={out_dir}', f'--max_iters={steps}',
                f'--eval_interval={steps}', f'--eval_iters={EVAL_ITERS}', '--log_interval=1',
                '--warmup_iters=0']  # no warmup: the few steps' learning rate moves the loss
-    if not fused:
-        command.append('--fused=False')
+    # Each mix by name: the automatic choice (fused=None) is not the same on a GPU as on a CPU
+    if mix != '-':
+        command.append(f"--fused={mix == 'memory.py'}")
     if not ON_A_GPU:
         command += [f'--{key}={value}' for key, value in ON_A_CPU.items()]
     return command
@@ -451,9 +456,9 @@ def read_log(out_dir):
     return result
 
 
-def train_run(router, fused, data_dir, out_dir):
+def train_run(router, mix, data_dir, out_dir):
     started = time.time()
-    arguments = train_command(router, fused, data_dir, out_dir)
+    arguments = train_command(router, mix, data_dir, out_dir)
     (code, stderr), peak = watching_gpu_memory(lambda: run_torchrun(arguments, RUN_TIMEOUT))
     if code != 0:
         return {'error': f"ran past {RUN_TIMEOUT} s: stopped" if code is None else
@@ -484,8 +489,8 @@ def training_row(router, mix, run, base):
 
 
 def comparison(router, definition, fast):
-    """A line on one router's two runs: their loss curves, speed and memory, and on a GPU which
-    of the two the automatic choice (fused=None) should run."""
+    """A line on one router's two runs: their loss curves, speed and memory, and on a GPU
+    whether the automatic choice there (fused=None: the compiled definition) is the faster."""
     gap = max(abs(a - b) for a, b in zip(definition['val'] + definition['train'],
                                          fast['val'] + fast['train']))
     speed = ratio(fast['tokens_per_s'], definition['tokens_per_s'])
@@ -494,10 +499,11 @@ def comparison(router, definition, fast):
             f"({'within' if gap <= LOSS_GAP else 'NOT within'} {LOSS_GAP}: a check of the run's "
             f"path, not of the gradients, which part 2 tests); memory.py / the definition: "
             f"tokens/s {cell(speed, '.3f')}" + ('' if peak is None else f", GPU memory {peak:.3f}"))
-    if ON_A_GPU and speed is not None:
-        line += ('. memory.py is the faster here: the automatic choice stands' if speed >= 1 else
-                 '. The compiled definition is the faster here: on this GPU the automatic choice '
-                 f"(kernels/__init__.py) should run it for a {router} router")
+    if ON_A_GPU and speed is not None:  # on a GPU fused=None runs the definition (kernels/)
+        line += ('. The compiled definition is the faster here: the automatic choice on a GPU '
+                 '(fused=None) runs it' if speed < 1 else
+                 f". memory.py is the faster here: on this GPU a {router} run should set "
+                 "--fused=True, and the automatic choice (kernels/__init__.py) be measured again")
     return line
 
 
@@ -516,14 +522,14 @@ def training(clock):
                 continue
             print(f"  {router}, {mix}...", file=sys.stderr, flush=True)
             with clock.piece():
-                run = train_run(router, mix != 'definition', tmp,
-                                os.path.join(tmp, f"{router}-{mix}"))
+                run = train_run(router, mix, tmp, os.path.join(tmp, f"{router}-{mix}"))
             runs.append((router, mix, run))
     runs.sort(key=lambda run: ROUTERS.index(run[0]))  # the table: the baseline first
     how = ('compiled, bf16' if ON_A_GPU else
            f"on a CPU: a tiny model ({describe(model_config(values))}), float32, eager")
-    shown = ['torchrun'] + train_command('ROUTER', True, '<random tokens>', '<a directory>')
-    lines = [f"Each run: `{' '.join(shown)}`, with `--fused=False` for the definition; {how}; "
+    shown = ['torchrun'] + train_command('ROUTER', '-', '<random tokens>', '<a directory>')
+    lines = [f"Each run: `{' '.join(shown)}`, with `--fused=False` for the definition and "
+             f"`--fused=True` for memory.py; {how}; "
              f"{values['batch_size']} sequences x {values['gradient_accumulation_steps']} "
              f"micro-steps a step; {EVAL_ITERS} validation batches. GPU memory: the most the "
              "device had in use during the run beyond before it (polled).", '',

@@ -34,7 +34,7 @@ json_file = ''  # where the scores go as JSON; '' = out_dir/table1.json
 seed = 1234  # the harness's fewshot_random_seed (its default), which draws the solved examples
 device = 'cuda' if torch.cuda.is_available() else 'cpu'
 dtype = 'bfloat16'  # 'bfloat16' (autocast) or 'float32'; on a CPU the default becomes float32
-fused = None  # LIMe's mix: None = kernels/memory.py, False = lime.py's plain PyTorch
+fused = None  # LIMe's mix: True = kernels/memory.py, False = lime.py's; None: CPU True, GPU False
 # -----------------------------------------------------------------------------
 
 # The paper's Table 1 (1.2B models trained on 42B tokens, 1-shot; the authors' README,

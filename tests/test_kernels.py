@@ -69,7 +69,13 @@ def assert_same(got, want, rtol=1e-5, what=''):
     assert error <= rtol, f"{what}: off by {error:.2e} (relative to its largest entry)"
 
 
-def assert_same_grads(got, want, rtol=1e-5):
+# 3e-5: float32 rounding differs by torch build and CPU. On a 2-core VM (torch 2.13) the cases of
+# test_every_gradient_is_the_definitions that were measured came within 5e-6 with hyper-connections
+# and 1.2e-6 without; torch 2.11 on a 16-core x86-64 machine put a hyper-connections weight's
+# gradient 1.11e-5 off (2026-11-27). A wrong gradient is off by far more (measured here): 0.6 and
+# above where the static mix drops the later layers' shares, 1e-3 where a mix's output gradient is
+# 0.1% off.
+def assert_same_grads(got, want, rtol=3e-5):
     assert got.keys() == want.keys()
     for name in want:
         assert_same(got[name], want[name], rtol, name)
@@ -79,29 +85,61 @@ def assert_same_grads(got, want, rtol=1e-5):
 # The choice of code
 
 
-def test_the_automatic_choice_is_the_head_major_memory_and_false_is_the_definition():
+def test_the_automatic_choice_is_the_head_major_memory_on_a_cpu_and_the_definition_on_a_gpu(
+        monkeypatch):
     with mix(None):
         assert lime.use_fused_kernels(None, 'cpu') is memory
         assert lime.use_fused_kernels(True, 'cpu') is memory
         assert lime.use_fused_kernels(False, 'cpu') is None and lime.mix_kernels is None
+    # On a GPU the compiled definition was the faster (kernels/__init__.py): fused=None runs it,
+    # without memory.py's self-check; fused=True runs memory.py once the self-check passes.
+    checked = []
+    monkeypatch.setattr(memory, 'self_check', lambda *args: checked.append(args))
+    shape = (2, 8, torch.bfloat16)
+    assert kernels.choose(None, 'cuda:0', shape) is None and checked == []
+    assert kernels.choose(False, 'cuda:0', shape) is None and checked == []
+    assert kernels.choose(True, 'cuda:0', shape) is memory
+    assert checked == [(2, 8, torch.bfloat16, 'cuda:0')]
 
 
-def test_the_self_check_passes_here_and_a_wrong_mix_falls_back_in_one_line(monkeypatch, capsys):
+def test_the_self_check_passes_here_and_a_wrong_mix_is_refused_in_one_line(monkeypatch):
     # (3, 6): 44 layers, so that the dynamic mix's last layers take mix_rows' batched product
     for G, hs, dtype in ((2, 8, torch.float32), (3, 6, torch.bfloat16), (1, 64, torch.float32)):
         assert memory.self_check(G, hs, dtype, 'cpu') is None, (G, hs, dtype)
     # A mix that is off by 1% in its output, as a GPU's arithmetic might be: caught, and on CUDA
-    # (where choose runs the check) the run falls back to the definition with a note.
+    # (where choose runs the check) fused=True stops in one line.
     right = memory.static_mix
     monkeypatch.setattr(memory, 'static_mix', lambda R, m: right(R, m) * 1.01)
     why = memory.self_check(2, 8, torch.float32, 'cpu')
     assert why.startswith("the self-check of the static mix on cpu (G=2, hs=8, float32, 34 layers)")
     assert 'found its output off by' in why and 'allowed 5.0e-03' in why
     monkeypatch.setattr(memory, 'self_check', lambda *args: why)
-    assert kernels.choose(None, 'cuda:0', (2, 8, torch.float32)) is None
-    assert capsys.readouterr().out == f"note: LIMe's mix runs in lime.py's plain PyTorch: {why}\n"
     with pytest.raises(ValueError, match="fused=True: the self-check of the static mix"):
         kernels.choose(True, 'cuda:0', (2, 8, torch.float32))
+
+
+@pytest.mark.parametrize('tf32', [True, False])
+def test_the_self_check_runs_float32_without_tf32_and_gives_the_run_its_setting_back(
+        tf32, monkeypatch):
+    # TF32's own rounding through the check's 34 layers reached the float32 tolerance on an H100
+    # (memory.self_check); the check turns it off, and the run's setting is restored after it,
+    # even where the check fails with an error.
+    seen = []
+
+    def compare(*args):
+        seen.append(torch.backends.cuda.matmul.allow_tf32)
+        raise RuntimeError("stopped")
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        assert memory.self_check(2, 8, torch.float32, 'cpu') is None
+        assert torch.backends.cuda.matmul.allow_tf32 is tf32
+        monkeypatch.setattr(memory, 'compare_with_plain', compare)
+        why = memory.self_check(2, 8, torch.float32, 'cpu')
+        assert why == "the self-check failed: RuntimeError: stopped" and seen == [False]
+        assert torch.backends.cuda.matmul.allow_tf32 is tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def test_the_self_check_sees_a_gradient_that_only_a_deep_chain_reaches(monkeypatch):
