@@ -63,6 +63,8 @@ def configure(namespace, kinds, argv=None):
             value = ast.literal_eval(text.title() if text.lower() in ('true', 'false') else text)
         except Exception:  # not a literal
             value = text
+        if isinstance(config.get(key), str):  # a text key takes the text as typed: --seeds=1
+            value = text
         given.add(set_key(config, key, value, f"--{key}"))
     kind_of = {key: kind for kind, keys in kinds.items() for key in keys}
     for key, value in config.items():

@@ -3,6 +3,7 @@ plot.py: draw what train.py and arith.py record, one figure and one Markdown tab
 for analyze.py, the figures of what it measures inside checkpoints (every figure is drawn here).
 
     python -m lab.plot --runs=out/none,out/static,out/dynamic                     # loss curves
+    python -m lab.plot --runs='out/text/L8_*' --band=True                         # a band per setting
     python -m lab.plot --mode=arith --runs='out/arith/L4_*'                       # accuracy per operator count
     python -m lab.plot --mode=depth --runs='out/arith/*' --n_ops=6                # accuracy at 6 operators by depth
 
@@ -12,8 +13,9 @@ read the arith_eval.json that `python -m lab.arith --mode=eval` writes beside th
 directories or shell patterns, separated by commas.
 
 Runs that differ only in their seed are one setting: the loss curves keep a line per run, one colour
-per setting; the arith figures draw each setting's mean with a band from its worst to its best seed,
-and the tables give mean ± standard deviation over the seeds. A setting is named by its router and
+per setting (with --band=True, a line per setting, its seeds' mean, in a band from their least to
+their most at each step); the arith figures draw each setting's mean with a band from its worst to
+its best seed, and the tables give mean ± standard deviation over the seeds. A setting is named by its router and
 by every setting in which the runs given differ (say `static lr=0.003`), so runs that differ in
 more than the seed are never averaged together. What does not change the numbers (where the run
 lives, the path it reached its data by, the device, compile, how often it logs) does not count. An
@@ -50,6 +52,7 @@ mode = 'curves'  # 'curves': losses by step and FLOPs; 'arith': accuracy by oper
 runs = 'out/none,out/static,out/dynamic'  # comma-separated out_dirs or patterns such as out/arith/*
 out = ''  # the PNG to write; '' means figures/loss_curves.png, arith_accuracy.png or arith_depth.png
 n_ops = 6  # depth mode: the operator count whose accuracy is drawn (the paper's hardest tier)
+band = False  # curves mode: each setting's mean over its seeds, with a band from its least to its most
 # -----------------------------------------------------------------------------
 DEFAULT_OUT = {'curves': 'figures/loss_curves.png', 'arith': 'figures/arith_accuracy.png',
                'depth': 'figures/arith_depth.png'}
@@ -133,7 +136,12 @@ def read_eval(run, records):
 def setting_keys(configs):
     """The keys of train.py whose values differ among configs: what a setting's name shows."""
     keys = sorted({k for config in configs for k in config} - NOT_A_SETTING)
-    return [k for k in keys if len({json.dumps(c.get(k)) for c in configs}) > 1]
+    return [k for k in keys if len({json.dumps(c.get(k)) for c in configs if not no_router(c, k)}) > 1]
+
+
+def no_router(config, key):
+    """Whether key is a router's rate in a run without a router: it changes nothing there."""
+    return key == 'router_lr' and config.get('router') == 'none'
 
 
 def real_data_dir(run, config):
@@ -160,6 +168,8 @@ def setting(config, differ, depth_axis):
     if 'n_layer' in differ and not depth_axis:
         name += f" {config['n_layer']}L"
     for key in differ:
+        if no_router(config, key):
+            continue
         if key not in ('router', 'hyper_connections', 'n_layer'):
             name += f" {SHORT.get(key, key)}={config.get(key)}"
     return name
@@ -234,11 +244,13 @@ def color(name, i):
 # the three figures
 
 
-def plot_curves(runs):
-    """Train and validation loss against step (top) and against training FLOPs (bottom)."""
+def plot_curves(runs, band=False):
+    """Train and validation loss against step (top) and against training FLOPs (bottom): a line per
+    run, or with band, a line per setting (its seeds' mean) in a band from their least to most."""
     groups, _ = by_setting(runs, depth_axis=False)
     rows, series, last_val = [], [], {}
     for i, (name, members) in enumerate(groups.items()):
+        seeds = []
         for j, run in enumerate(members):
             header, records = read_log(run)
             c = header['config']
@@ -247,11 +259,12 @@ def plot_curves(runs):
             train = [(r['step'], r['train_loss']) for r in records if 'train_loss' in r]
             val = [(r['step'], r['val_loss']) for r in records if 'val_loss' in r]
             style = ('-', '--', ':', '-.')[j % 4]  # a setting's seeds: one colour, a dash pattern each
-            series.append((label, color(name, i), style, flops, train, val))
+            seeds.append((label, color(name, i), style, flops, train, val))
             last = f"{val[-1][1]:.4f} (step {val[-1][0]})" if val else '-'
             last_val.setdefault(name, []).extend(val[-1:])
             rows.append([label, run, f"{header['params'] / 1e6:.2f}M", last,
                          f"{min(v for _, v in val):.4f}" if val else '-'])
+        series += [banded(name, seeds)] if band else seeds
     print(markdown(['run', 'out_dir', 'parameters', 'last val loss', 'best val loss'], rows))
     if any(len(members) > 1 for members in groups.values()):  # and over each setting's seeds
         print('\n' + markdown(['setting', 'seeds', 'last val loss, mean ± std'], [
@@ -262,16 +275,36 @@ def plot_curves(runs):
     fig, axes = plt.subplots(2, 2, figsize=(9, 6.3), sharey='col')
     for label, c, style, flops, train, val in series:
         for col, points in enumerate((train, val)):
-            if points:
-                steps, losses = zip(*points)
-                axes[0, col].plot(steps, losses, color=c, linestyle=style, label=label, alpha=0.85)
-                axes[1, col].plot([flops(s) for s in steps], losses, color=c, linestyle=style,
-                                  alpha=0.85)
+            if not points:
+                continue
+            steps, losses = zip(*points)
+            spread = None
+            if isinstance(losses[0], tuple):  # a band: (mean, least, most) at each step
+                losses, *spread = zip(*losses)
+            for row, x in ((0, steps), (1, [flops(s) for s in steps])):
+                axes[row, col].plot(x, losses, color=c, linestyle=style, alpha=0.85,
+                                    label=label if row == 0 else None)
+                if spread:
+                    axes[row, col].fill_between(x, *spread, color=c, alpha=0.2, linewidth=0)
     for col, what in enumerate(('train loss', 'validation loss')):
         axes[0, col].set(title=what, xlabel='step', ylabel='loss')
         axes[1, col].set(xlabel='training FLOPs', ylabel='loss')
     axes[0, 0].legend()
     return fig
+
+
+def banded(name, seeds):
+    """One series for a setting's seeds: at each step all of them logged, (mean, least, most) of
+    their losses. Its FLOPs are the first seed's (the seeds of a setting train alike)."""
+    label = f"{name} ({len(seeds)} seeds)" if len(seeds) > 1 else name
+    _, c, _, flops, _, _ = seeds[0]
+    curves = []
+    for k in (4, 5):  # train, then val
+        by_step = [dict(s[k]) for s in seeds]
+        steps = sorted(set.intersection(*(set(d) for d in by_step)))
+        values = [[d[step] for d in by_step] for step in steps]
+        curves.append([(step, (statistics.mean(v), min(v), max(v))) for step, v in zip(steps, values)])
+    return label, c, '-', flops, *curves
 
 
 def plot_arith(runs):
@@ -339,8 +372,10 @@ def main(argv=None):
     config, _, _ = configure(globals(), {('curves', 'arith', 'depth'): ['mode'], 'text': ['runs', 'out'],
                                          'positive': ['n_ops']}, argv)
     dirs = run_dirs(config['runs'])
+    if config['band'] and config['mode'] != 'curves':
+        fail(f"band is for the loss curves (--mode=curves): the {config['mode']} figure always draws one")
     if config['mode'] == 'curves':
-        fig = plot_curves(dirs)
+        fig = plot_curves(dirs, config['band'])
     elif config['mode'] == 'arith':
         fig = plot_arith(dirs)
     else:

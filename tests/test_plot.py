@@ -253,3 +253,22 @@ def test_help_lists_the_keys_with_their_comments():
     result = plot('--help')
     assert result.stdout.startswith('plot.py: draw what train.py and arith.py record'), result.stdout
     assert re.search(r'^  --n_ops=6 +depth mode: the operator count', result.stdout, re.M), result.stdout
+
+
+@pytest.mark.skipif(not HAVE_MATPLOTLIB, reason='drawing needs matplotlib')
+def test_band_draws_each_settings_mean_between_its_least_and_most(tmp_path):
+    # Two seeds of static whose val losses are 3, 2.5, 2 and 4, 3.5, 3, one of none: static's line
+    # is their mean, its band from the one to the other; none, one seed, a line in a band of no width.
+    runs = [fake_run(tmp_path / 's1', 'static', 1, final_val=2.0),
+            fake_run(tmp_path / 's2', 'static', 2, final_val=3.0),
+            fake_run(tmp_path / 'n1', 'none', 1, final_val=2.5, router_lr=0.0)]  # as lab.text's
+    fig = plot_py.plot_curves(runs, band=True)
+    val = fig.axes[1]  # validation loss by step
+    lines = {line.get_label(): line for line in val.lines}
+    assert set(lines) == {'static (2 seeds)', 'none'}, lines  # none's router_lr names no setting
+    assert list(lines['static (2 seeds)'].get_ydata()) == pytest.approx([3.5, 3.0, 2.5])
+    band = val.collections[0].get_paths()[0].vertices[:, 1]
+    assert band.min() == pytest.approx(2.0) and band.max() == pytest.approx(4.0)
+    assert len(fig.axes[3].collections) == 2  # and against FLOPs, a band per setting
+    refused = plot('--mode=arith', f'--runs={runs[0]}', '--band=True', check=False)
+    assert refused.returncode == 1 and 'band is for the loss curves' in refused.stderr

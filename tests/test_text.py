@@ -1,0 +1,114 @@
+"""
+The text experiment (lab/text.py), end to end at a tiny size: byte-level data from a small text,
+the learning-rate grid, the comparison at the rates chosen (reusing the grid's runs), its tables of
+paired differences, a resumed run, and the one-line refusals.
+
+    python -m pytest -q tests/test_text.py
+"""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY_PRESET = """n_embd = 32
+n_head = 2
+vocab_size = 257
+block_size = 32
+batch_size = 2
+gradient_accumulation_steps = 1
+log_interval = 1
+device = 'cpu'
+"""
+SCHEDULE = ['--steps=2', '--eval_interval=2', '--eval_iters=1', '--warmup_iters=1', '--jobs=2']
+
+
+@pytest.fixture(scope='module')
+def setup(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp('text')
+    text = tmp / 'verse.txt'
+    text.write_text("Of Man's first disobedience, and the fruit — café. " * 300, encoding='utf-8')
+    data = tmp / 'bytes'
+    subprocess.run([sys.executable, 'prepare.py', '--input', str(text), '--tokenizer=bytes',
+                    f'--out_dir={data}', '--workers=1'], cwd=ROOT, check=True, capture_output=True)
+    (tmp / 'tiny.py').write_text(TINY_PRESET)
+    common = [f'--preset={tmp / "tiny.py"}', f'--data_dir={data}', f'--out={tmp / "runs"}', *SCHEDULE]
+    return tmp, common
+
+
+def text(*args):
+    return subprocess.run([sys.executable, '-m', 'lab.text', *args], capture_output=True,
+                          text=True, cwd=ROOT, timeout=600)
+
+
+def test_grid_then_comparison_reusing_its_runs_then_resume(setup):
+    tmp, common = setup
+    runs = tmp / 'runs'
+    grid = text('--stage=grid', *common, '--grid_layers=1', '--grid_lrs=1e-3,3e-3',
+                '--grid_router_x=1')
+    assert grid.returncode == 0, grid.stdout + grid.stderr
+    assert '0 of 6 runs finished; running 6' in grid.stdout
+    lines = grid.stdout.splitlines()
+    assert '| router | router_lr | lr 0.001 | lr 0.003 |' in lines
+    for router in ('none', 'static', 'dynamic'):
+        name = f'L1_{router}_lr0.003' + ('' if router == 'none' else '_x1') + '_s1'
+        record = json.loads((runs / name / 'final.json').read_text())
+        header = json.loads((runs / name / 'log.txt').read_text().splitlines()[0])['config']
+        # what the name says is what trained, and the score is of the last step
+        assert (header['n_layer'], header['router'], header['learning_rate']) == (1, router, 3e-3)
+        assert header['min_lr'] == pytest.approx(3e-4) and header['max_iters'] == 2
+        assert record['step'] == 2 and record['bpb'] > 0 and record['seed'] == 1
+        assert any(line.startswith(f"best {router}: lr ") for line in lines), grid.stdout
+
+    # The comparison at rates the grid tried: its seed-1 runs at the first depth are the grid's.
+    chosen = '--chosen=none:1e-3:0,static:3e-3:1,dynamic:1e-3:1'
+    compare = text('--stage=compare', *common, chosen, '--depths=1,2', '--seeds=1,2')
+    assert compare.returncode == 0, compare.stdout + compare.stderr
+    assert '3 of 10 runs finished; running 7' in compare.stdout, compare.stdout
+    out = compare.stdout
+    assert '1 layers: final bits per byte on the whole validation split' in out
+    assert '| seed | none | static |' in out  # 2 layers: deep_routers only
+    for depth, router in ((1, 'static'), (1, 'dynamic'), (2, 'static')):
+        assert f"{depth} layers, {router} - none, seed by seed: " in out, out
+    pair = [line for line in out.splitlines() if line.startswith('2 layers, static - none')][0]
+    finals = {s: {r: json.loads((runs / f"L2_{r}_lr{lr}{x}_s{s}" / 'final.json').read_text())['bpb']
+                  for r, lr, x in (('none', '0.001', ''), ('static', '0.003', '_x1'))}
+              for s in (1, 2)}
+    for s in (1, 2):  # the paired differences are these runs' own
+        assert f"{finals[s]['static'] - finals[s]['none']:+.4f}" in pair
+    if importlib.util.find_spec('matplotlib'):
+        assert (runs / 'curves_L1.png').stat().st_size > 0 and (runs / 'curves_L2.png').exists()
+
+    # A run killed after its checkpoint: resumed, not started again, then scored.
+    (runs / 'L2_static_lr0.003_x1_s2' / 'final.json').unlink()
+    again = text('--stage=compare', *common, chosen, '--depths=1,2', '--seeds=1,2')
+    assert again.returncode == 0 and '9 of 10 runs finished; running 1' in again.stdout, again.stdout
+    output = (runs / 'output' / 'L2_static_lr0.003_x1_s2.txt').read_text()
+    assert 'nothing to train' in output
+    report = text('--stage=report', *common, chosen, '--depths=1,2', '--seeds=1,2',
+                  '--grid_layers=1', '--grid_lrs=1e-3,3e-3', '--grid_router_x=1')
+    assert report.returncode == 0, report.stderr
+    assert '## grid: 6 of 6 runs finished' in report.stdout
+    assert '## compare: 10 of 10 runs finished' in report.stdout
+
+    # Runs of other settings are never mixed into a set.
+    other = text('--stage=compare', *common, '--steps=3', chosen, '--depths=1,2', '--seeds=1,2')
+    assert other.returncode == 1 and 'steps 2, not 3' in other.stderr, other.stderr
+    assert 'give another --out' in other.stderr
+
+
+@pytest.mark.parametrize('args, message', [
+    (['--stage=tune'], "stage must be one of"),
+    (['--chosen=static:fast:1'], "chosen: expected router:learning_rate:router_lr_multiple"),
+    (['--chosen=none:1e-3:0', '--deep_routers=static'], "deep_routers: 'static' has no rates"),
+    (['--grid_lrs=1e-3,x'], "grid_lrs: expected comma-separated numbers"),
+    (['--seeds=0'], "seeds: every value must be positive"),
+    (['--data_dir=/nonexistent/text'], "no data in /nonexistent/text: docs/results.md"),
+])
+def test_bad_settings_give_one_line(args, message):
+    result = text(*args)
+    assert result.returncode == 1 and message in result.stderr, result.stderr
+    assert result.stderr.startswith('error:') and result.stderr.count('\n') == 1
