@@ -10,13 +10,13 @@ routers are compared at the rates tuning chose, over seeds, at two depths.
     python -m lab.text --stage=report     # the tables and the figure of the runs that finished
 
 The model is config/depth_text.py's (64 wide, 4 heads, 128 bytes of context, 16 sequences a step)
-at the depth the stage gives it; every run trains `steps` steps with a warmup of `warmup_iters` and
+at the depth the stage gives it; every run trains `grid_steps` (the grid) or `steps` (the
+comparison: the grid's runs were still improving at their end) with a warmup of `warmup_iters` and
 a cosine decay of both rates to a tenth, on data_dir, with one CPU thread. After training, a run's
 final checkpoint is scored on the whole validation split (lab/evaluate.py's bits per byte) and the
-result written to its final.json. Runs go to out/<name>, what they print to out/output/<name>.txt,
-at most `jobs` at a time; a comparison run at a rate the grid tried, at its depth and seed, is that
-grid run. A run with a final.json is kept and an interrupted one resumed from its checkpoint, so
-the same command again finishes the set. The report stage prints Markdown tables (a stage that
+result written to its final.json. Runs go to out/<stage>/<name>, what they print to
+out/<stage>/output/<name>.txt, at most `jobs` at a time. A run with a final.json is kept and an
+interrupted one resumed from its checkpoint, so the same command again finishes the set. The report stage prints Markdown tables (a stage that
 ends prints its own) and draws the comparison's curves, a figure per depth (lab/plot.py, each
 router's mean over its seeds in a band from least to most).
 
@@ -37,10 +37,11 @@ from configurator import configure, fail
 # -----------------------------------------------------------------------------
 stage = 'grid'  # 'grid', 'compare' or 'report' (see above)
 data_dir = 'data/shakespeare_milton'  # byte-level shards (prepare.py --tokenizer=bytes)
-out = 'out/text'  # each run in out/<name>, as L8_static_lr0.003_x1_s1
+out = 'out/text'  # each run in out/<stage>/<name>, as out/text/grid/L8_static_lr0.003_x1_s1
 preset = 'config/depth_text.py'  # the model and batch; the keys below override its schedule
 jobs = 2  # runs at a time, one CPU thread each
-steps = 1500  # training steps of every run: 16 x 128 bytes each, 3.1M bytes, about half a pass
+grid_steps = 1500  # training steps of a grid run: 16 x 128 bytes each, 3.1M bytes, half a pass
+steps = 2800  # of a comparison run: 5.7M bytes, just under one pass over the 5.85M of training
 warmup_iters = 100
 eval_interval = 100  # the curves' validation points
 eval_iters = 40  # batches of the validation split at each point (the final score reads all of it)
@@ -115,7 +116,7 @@ def compare_runs():
     return runs
 
 
-def train_command(run_dir, layers, router, lr, x, seed):
+def train_command(run_dir, n_steps, layers, router, lr, x, seed):
     """train.py's command for a run: where an interrupted one stopped (its settings are saved in
     its checkpoint), or from scratch."""
     if os.path.exists(os.path.join(run_dir, 'ckpt.pt')):
@@ -123,22 +124,22 @@ def train_command(run_dir, layers, router, lr, x, seed):
     return [sys.executable, 'train.py', preset, f'--out_dir={run_dir}', '--overwrite=True',
             f'--seed={seed}', f'--data_dir={data_dir}', f'--n_layer={layers}', f'--router={router}',
             f'--learning_rate={lr}', f'--router_lr={lr * x}', f'--min_lr={lr / 10}',
-            f'--max_iters={steps}', f'--warmup_iters={warmup_iters}',
+            f'--max_iters={n_steps}', f'--warmup_iters={warmup_iters}',
             f'--eval_interval={eval_interval}', f'--eval_iters={eval_iters}',
             '--always_save_checkpoint=True', '--device=cpu']
 
 
-def run_one(run):
-    """Train one run and score its final checkpoint; returns its final.json, or None if it failed
-    (its output is in out/output/<name>.txt)."""
+def run_one(run, where, n_steps):
+    """Train one run in the directory where, n_steps steps, and score its final checkpoint; returns
+    its final.json, or None if it failed (its output is in where/output/<name>.txt)."""
     name, layers, router, lr, x, seed = run
-    run_dir = os.path.join(out, name)
+    run_dir = os.path.join(where, name)
     env = {**os.environ, 'OMP_NUM_THREADS': '1'}  # one core a run: `jobs` runs share the machine
     started = time.time()
-    os.makedirs(os.path.join(out, 'output'), exist_ok=True)
-    output_path = os.path.join(out, 'output', name + '.txt')
+    os.makedirs(os.path.join(where, 'output'), exist_ok=True)
+    output_path = os.path.join(where, 'output', name + '.txt')
     with open(output_path, 'a') as output:
-        command = train_command(run_dir, layers, router, lr, x, seed)
+        command = train_command(run_dir, n_steps, layers, router, lr, x, seed)
         trained = subprocess.run(command, stdout=output, stderr=subprocess.STDOUT, env=env)
         scored = trained.returncode == 0
         if scored:  # bits per byte over the whole validation split, at the final step
@@ -155,7 +156,7 @@ def run_one(run):
     record = {'name': name, 'layers': layers, 'router': router, 'learning_rate': lr,
               'router_lr': lr * x, 'seed': seed, 'step': score['step'], 'bpb': score['bpb'],
               'val_loss': val[-1]['val_loss'], 'minutes': (time.time() - started) / 60,
-              'settings': settings()}
+              'settings': settings(n_steps)}
     final = os.path.join(run_dir, 'final.json')
     with open(final + '.tmp', 'w') as f:
         json.dump(record, f)
@@ -165,19 +166,19 @@ def run_one(run):
     return record
 
 
-def settings():
+def settings(n_steps):
     """What every run of a set shares, besides what its name says."""
     return {'preset': preset, 'data_dir': os.path.realpath(data_dir),
-            'steps': steps, 'warmup_iters': warmup_iters, 'eval_interval': eval_interval,
+            'steps': n_steps, 'warmup_iters': warmup_iters, 'eval_interval': eval_interval,
             'eval_iters': eval_iters}
 
 
-def read_final(path):
+def read_final(path, n_steps):
     """A finished run's record, refused where it was trained otherwise than these settings: a
     kept run is never mixed into a set it does not belong to."""
     with open(path) as f:
         record = json.load(f)
-    theirs, ours = record.get('settings', {}), settings()
+    theirs, ours = record.get('settings', {}), settings(n_steps)
     differ = [f"{key} {theirs.get(key)!r}, not {ours[key]!r}" for key in ours
               if theirs.get(key) != ours[key]]
     if differ:
@@ -191,21 +192,21 @@ def read_records(run_dir):
         return [json.loads(line) for line in f][1:]
 
 
-def run_all(runs):
+def run_all(runs, where, n_steps):
     """Every run not yet finished, `jobs` at a time; the finished runs' records."""
-    os.makedirs(out, exist_ok=True)
-    kept = {record['name'] for record in finished(runs)}  # each checked before anything runs
+    os.makedirs(where, exist_ok=True)
+    kept = {record['name'] for record in finished(runs, where, n_steps)}  # checked before any run
     todo = [run for run in runs if run[0] not in kept]
-    print(f"{out}: {len(runs) - len(todo)} of {len(runs)} runs finished; running {len(todo)}, "
+    print(f"{where}: {len(runs) - len(todo)} of {len(runs)} runs finished; running {len(todo)}, "
           f"{jobs} at a time", flush=True)
     with ThreadPoolExecutor(jobs) as pool:
-        list(pool.map(run_one, todo))
-    return finished(runs)
+        list(pool.map(lambda run: run_one(run, where, n_steps), todo))
+    return finished(runs, where, n_steps)
 
 
-def finished(runs):
-    paths = [os.path.join(out, run[0], 'final.json') for run in runs]
-    return [read_final(p) for p in paths if os.path.exists(p)]
+def finished(runs, where, n_steps):
+    paths = [os.path.join(where, run[0], 'final.json') for run in runs]
+    return [read_final(p, n_steps) for p in paths if os.path.exists(p)]
 
 
 # -----------------------------------------------------------------------------
@@ -273,16 +274,16 @@ def compare_table(records):
     return '\n'.join(lines)
 
 
-def draw(records):
+def draw(records, where):
     """lab/plot.py's curves, each router's mean and band over its seeds, a figure per depth."""
     from lab import plot
     if plot.plt is None:
         print("note: no figure: drawing it needs matplotlib (pip install matplotlib)")
         return
     for L in sorted({r['layers'] for r in records}):
-        dirs = [os.path.join(out, r['name']) for r in records if r['layers'] == L]
+        dirs = [os.path.join(where, r['name']) for r in records if r['layers'] == L]
         plot.main([f"--runs={','.join(dirs)}", '--band=True',
-                   f"--out={os.path.join(out, f'curves_L{L}.png')}"])
+                   f"--out={os.path.join(where, f'curves_L{L}.png')}"])
 
 
 def main():
@@ -290,28 +291,27 @@ def main():
         ('grid', 'compare', 'report'): ['stage'],
         'path': ['data_dir', 'out', 'preset'],
         'text': ['grid_lrs', 'grid_router_x', 'chosen', 'depths', 'deep_routers', 'seeds'],
-        'positive': ['jobs', 'steps', 'eval_interval', 'eval_iters', 'grid_layers'],
+        'positive': ['jobs', 'grid_steps', 'steps', 'eval_interval', 'eval_iters', 'grid_layers'],
         'non-negative': ['warmup_iters']})
     globals().update(config)
     grid, compare = grid_runs(), compare_runs()  # both checked, whichever stage runs
     if stage != 'report' and not os.path.isdir(data_dir):
         fail(f"no data in {data_dir}: docs/results.md says how to get the texts and prepare them "
              "(python prepare.py --input ... --tokenizer=bytes --out_dir=" + data_dir + ")")
-    if stage == 'grid':
-        print(grid_table(run_all(grid)))
-    elif stage == 'compare':
-        records = run_all(compare)
-        print(compare_table(records))
-        draw(records)
-    else:
-        for name, runs, table in (('grid', grid, grid_table), ('compare', compare, compare_table)):
-            records = finished(runs)
+    stages = {'grid': (grid, grid_table, grid_steps), 'compare': (compare, compare_table, steps)}
+    for name, (runs, table, n_steps) in stages.items():
+        where = os.path.join(out, name)
+        if stage == name:
+            records = run_all(runs, where, n_steps)
+        elif stage == 'report':
+            records = finished(runs, where, n_steps)
             print(f"\n## {name}: {len(records)} of {len(runs)} runs finished\n")
-            if records:
-                print(table(records))
-        records = finished(compare)
+        else:
+            continue
         if records:
-            draw(records)
+            print(table(records))
+        if name == 'compare' and records:
+            draw(records, where)
 
 
 if __name__ == '__main__':

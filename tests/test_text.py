@@ -1,7 +1,7 @@
 """
 The text experiment (lab/text.py), end to end at a tiny size: byte-level data from a small text,
-the learning-rate grid, the comparison at the rates chosen (reusing the grid's runs), its tables of
-paired differences, a resumed run, and the one-line refusals.
+the learning-rate grid, the comparison at the rates chosen, its tables of paired differences, a
+resumed run, and the one-line refusals.
 
     python -m pytest -q tests/test_text.py
 """
@@ -23,7 +23,7 @@ gradient_accumulation_steps = 1
 log_interval = 1
 device = 'cpu'
 """
-SCHEDULE = ['--steps=2', '--eval_interval=2', '--eval_iters=1', '--warmup_iters=1', '--jobs=2']
+SCHEDULE = ['--grid_steps=2', '--steps=3', '--eval_interval=2', '--eval_iters=1', '--warmup_iters=1', '--jobs=2']
 
 
 @pytest.fixture(scope='module')
@@ -44,9 +44,9 @@ def text(*args):
                           text=True, cwd=ROOT, timeout=600)
 
 
-def test_grid_then_comparison_reusing_its_runs_then_resume(setup):
+def test_grid_then_comparison_then_resume(setup):
     tmp, common = setup
-    runs = tmp / 'runs'
+    runs = tmp / 'runs' / 'grid'
     grid = text('--stage=grid', *common, '--grid_layers=1', '--grid_lrs=1e-3,3e-3',
                 '--grid_router_x=1')
     assert grid.returncode == 0, grid.stdout + grid.stderr
@@ -63,11 +63,13 @@ def test_grid_then_comparison_reusing_its_runs_then_resume(setup):
         assert record['step'] == 2 and record['bpb'] > 0 and record['seed'] == 1
         assert any(line.startswith(f"best {router}: lr ") for line in lines), grid.stdout
 
-    # The comparison at rates the grid tried: its seed-1 runs at the first depth are the grid's.
+    # The comparison at the rates chosen, longer than the grid's runs
+    runs = tmp / 'runs' / 'compare'
     chosen = '--chosen=none:1e-3:0,static:3e-3:1,dynamic:1e-3:1'
     compare = text('--stage=compare', *common, chosen, '--depths=1,2', '--seeds=1,2')
     assert compare.returncode == 0, compare.stdout + compare.stderr
-    assert '3 of 10 runs finished; running 7' in compare.stdout, compare.stdout
+    assert '0 of 10 runs finished; running 10' in compare.stdout, compare.stdout
+    assert json.loads((runs / 'L1_none_lr0.001_s2' / 'final.json').read_text())['step'] == 3
     out = compare.stdout
     assert '1 layers: final bits per byte on the whole validation split' in out
     assert '| seed | none | static |' in out  # 2 layers: deep_routers only
@@ -95,8 +97,8 @@ def test_grid_then_comparison_reusing_its_runs_then_resume(setup):
     assert '## compare: 10 of 10 runs finished' in report.stdout
 
     # Runs of other settings are never mixed into a set.
-    other = text('--stage=compare', *common, '--steps=3', chosen, '--depths=1,2', '--seeds=1,2')
-    assert other.returncode == 1 and 'steps 2, not 3' in other.stderr, other.stderr
+    other = text('--stage=compare', *common, '--steps=4', chosen, '--depths=1,2', '--seeds=1,2')
+    assert other.returncode == 1 and 'steps 3, not 4' in other.stderr, other.stderr
     assert 'give another --out' in other.stderr
 
 
