@@ -2,6 +2,8 @@
 (python prepare.py --tokenizer=bytes), at the depth lab/depth_text.sh gives it (8 and 32 layers),
 300 steps of 16 x 128 bytes, one CPU thread a run:
     bash lab/depth_text.sh
+(docs/results.md's runs of it had router_lr 3e-2: add --router_lr=3e-2 to repeat them). Its model
+is also lab/text.py's, which sets the rates and steps itself.
 """
 out_dir = 'out/depth_text/L32_static_s1'
 data_dir = 'data/pydoc_bytes'
@@ -18,7 +20,7 @@ router = 'static'
 batch_size = 16
 gradient_accumulation_steps = 1
 learning_rate = 3e-3
-router_lr = 3e-2
+router_lr = 3e-3  # 1x the base rate: the text grid's choice for static (docs/results.md)
 max_iters = 300
 warmup_iters = 30
 min_lr = 3e-4
