@@ -6,8 +6,9 @@ The validation loss and bits per byte in its log are over the targets of eval_it
 16 x 128: the first 20,480 of the validation split's 22,137 tokens (20,471 bytes; 9 are document
 starts, which have none). `python -m lab.evaluate` scores every whole window of 128: 22,016
 targets, whose last 1,536 are easier text (2.08 bits per byte on their own), so it reports less:
-2.2400 against the log's 2.2541 (two threads, 2026-11-27; with the code before kernels/memory.py,
-one thread: 2.2439 against 2.2560, and lab.evaluate on the first 20,480 gave the log's 2.2560).
+2.2069 against the log's 2.2200 (two threads, 2026-11-27, router_lr 3e-3; with router_lr 3e-2 and
+the code before kernels/memory.py, one thread: 2.2439 against 2.2560, and lab.evaluate on the
+first 20,480 gave the log's 2.2560).
 """
 out_dir = 'out/cpu_demo'
 data_dir = 'data/pydoc_bytes'
