@@ -569,3 +569,15 @@ def test_the_sweep_covers_every_numeric_key(script):
             if type(value) in (int, float):
                 numeric.add(node.targets[0].id)
     assert numeric == {key for keys in NUMERIC_KEYS[script] for key in keys}
+
+
+def test_a_text_key_takes_the_text_as_typed():
+    # A list of numbers, or a path that looks like a number, is text where the key is text: one
+    # seed (--seeds=1) is '1', not the int 1 refused as the wrong type.
+    from configurator import configure
+    defaults = {'seeds': '1,2,3', 'out_dir': 'out', 'steps': 10}
+    config, given, _ = configure(dict(defaults), {}, ['--seeds=1', '--out_dir=2026', '--steps=3'])
+    assert (config['seeds'], config['out_dir'], config['steps']) == ('1', '2026', 3)
+    assert given == {'seeds', 'out_dir', 'steps'}
+    with pytest.raises(SystemExit, match="steps must be int"):  # a number key still checks its type
+        configure(dict(defaults), {}, ['--steps=fast'])
