@@ -15,9 +15,10 @@ directories or shell patterns, separated by commas.
 Runs that differ only in their seed are one setting: the loss curves keep a line per run, one colour
 per setting (with --band=True, a line per setting, its seeds' mean, in a band from their least to
 their most at each step); the arith figures draw each setting's mean with a band from its worst to
-its best seed, and the tables give mean ± standard deviation over the seeds. A setting is named by its router and
-by every setting in which the runs given differ (say `static lr=0.003`), so runs that differ in
-more than the seed are never averaged together. What does not change the numbers (where the run
+its best seed, and the tables give mean ± standard deviation over the seeds. A setting is named by
+its router and by every setting in which the runs given differ (say `static lr=0.003`; a
+baseline's router_lr, which it never uses, does not count), so runs that differ in more than the
+seed are never averaged together. What does not change the numbers (where the run
 lives, the path it reached its data by, the device, compile, how often it logs) does not count. An
 arith_eval.json is drawn only if it scored the checkpoint that the run's log ends with; a run's
 training FLOPs add up its steps at each one's own tokens per step (a resume may change the batch).
