@@ -34,6 +34,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from configurator import configure, fail
+from lab import plot, read_json
 
 # -----------------------------------------------------------------------------
 stage = 'grid'  # 'grid', 'compare' or 'report' (see above)
@@ -155,7 +156,7 @@ def run_one(run, where, n_steps):
         print(f"failed: {name} (see {output_path})", flush=True)
         return None
     score = json.loads(result.stdout.strip().splitlines()[-1])
-    val = [r for r in read_records(run_dir) if 'val_loss' in r]
+    val = [r for r in plot.read_log(run_dir)[1] if 'val_loss' in r]
     record = {'name': name, 'layers': layers, 'router': router, 'learning_rate': lr,
               'router_lr': lr * x, 'seed': seed, 'step': score['step'], 'bpb': score['bpb'],
               'val_loss': val[-1]['val_loss'], 'minutes': (time.time() - started) / 60,
@@ -179,8 +180,7 @@ def settings(n_steps):
 def read_final(path, n_steps):
     """A finished run's record, refused where it was trained otherwise than these settings: a
     kept run is never mixed into a set it does not belong to."""
-    with open(path) as f:
-        record = json.load(f)
+    record = read_json(path, 'run record')
     theirs, ours = record.get('settings', {}), settings(n_steps)
     differ = [f"{key} {theirs.get(key)!r}, not {ours[key]!r}" for key in ours
               if theirs.get(key) != ours[key]]
@@ -188,11 +188,6 @@ def read_final(path, n_steps):
         fail(f"{os.path.dirname(path)} was trained with {'; '.join(differ)}: give another --out "
              "for a set of other settings")
     return record
-
-
-def read_records(run_dir):
-    with open(os.path.join(run_dir, 'log.txt')) as f:
-        return [json.loads(line) for line in f][1:]
 
 
 def run_all(runs, where, n_steps):
@@ -279,7 +274,6 @@ def compare_table(records):
 
 def draw(records, where):
     """lab/plot.py's curves, each router's mean and band over its seeds, a figure per depth."""
-    from lab import plot
     if plot.plt is None:
         print("note: no figure: drawing it needs matplotlib (pip install matplotlib)")
         return
