@@ -31,6 +31,7 @@ import torch.utils.checkpoint
 from configurator import memory_limit
 
 ROUTERS = ('none', 'static', 'dynamic')
+ROUTER_INITS = ('noisy', 'identity')  # the static router's starting weights (StaticRouter)
 
 
 @dataclass
@@ -45,6 +46,7 @@ class GPTConfig:
     rope_base: float = 10000.0  # RoPE wavelength base, as in LLaMA
     router: str = 'none'  # 'none' = LLaMA; 'static' / 'dynamic' = LIMe, reading all earlier layers
     router_top_p: float = 1.0  # keep the fewest sources holding this share of routing mass; 1 = off
+    router_init: str = 'noisy'  # static R's start: 'noisy' (the authors') or 'identity'
     hyper_connections: int = 0  # HC: 0 = off (one residual stream), else n streams (paper: 4)
     hc_dynamic: bool = True  # dynamic HC (per-token weights), as in the paper; False = static HC
 
@@ -62,6 +64,11 @@ class GPTConfig:
                 raise ValueError(f"{key} must be >= 0, got {getattr(self, key)!r}")
         if self.router not in ROUTERS:
             raise ValueError(f"router must be one of {ROUTERS}, got {self.router!r}")
+        if self.router_init not in ROUTER_INITS:
+            raise ValueError(f"router_init must be one of {ROUTER_INITS}, got {self.router_init!r}")
+        if self.router_init != 'noisy' and self.router != 'static':  # else silently ignored
+            raise ValueError(f"router_init={self.router_init!r} is a start for the static router "
+                             f"only; router is {self.router!r}")
         # With top-p on, a dynamic router starts with 90% of p on the own layer (DynamicRouter):
         # below p = 1/1.9 ~ 0.53 that one source would hold p alone, and no router would learn.
         lowest = 0.53 if self.router == 'dynamic' else 0.0
@@ -121,13 +128,20 @@ class StaticRouter(nn.Module):
         super().__init__()
         G, S = config.n_kv_head, layer_idx + 1
         self.top_p = config.router_top_p
+        self.init = config.router_init
         self.weight = nn.Parameter(torch.empty(G, S * G))  # R; row g: all (layer, head) sources
 
-    def reset_parameters(self):  # the paper's: own layer (identity) + noise; all noise did worse
+    def reset_parameters(self):
+        # 'noisy', the authors': the identity on the own layer's block, U(+-sqrt(3 / fan_in)) on
+        # every other source (the paper: all noise did worse). 'identity': the noise zeroed, so
+        # the model starts exactly as the baseline and every entry still gets its gradient. The
+        # noise is drawn either way, so both starts leave the other weights of a seed the same.
         G, fan_in = self.weight.shape
         bound = math.sqrt(3.0 / fan_in)
         with torch.no_grad():
             self.weight.uniform_(-bound, bound)
+            if self.init == 'identity':
+                self.weight.zero_()
             self.weight[:, -G:] = torch.eye(G)
 
     def mix_weights(self):

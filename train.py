@@ -55,6 +55,7 @@ block_size = 1024  # tokens per sequence
 rope_base = 10000.0
 router = 'static'  # 'none' (the LLaMA baseline), 'static' or 'dynamic' (LIMe)
 router_top_p = 1.0  # prune routing weights to this share of their mass; 1 = off
+router_init = 'noisy'  # the static router's start: 'noisy' (the authors') or 'identity'
 hyper_connections = 0  # the paper's other baseline: 0 = off, else n streams (paper: 4)
 hc_dynamic = True  # dynamic (per-token) hyper-connections; False = static
 vocab_size = 50257  # GPT-2's tokenizer; smaller for data with its own vocabulary

