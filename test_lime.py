@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+import lime
 from lime import GPT, GPTConfig
 
 ROUTERS = ['none', 'static', 'dynamic']
@@ -143,6 +144,30 @@ def test_static_router_init_matches_paper():
         bound = math.sqrt(3 / (4 * (l + 1)))
         assert others.abs().max() <= bound, f"layer {l}: entry outside U(-{bound:.3f}, {bound:.3f})"
         assert others.std() > 0.3 * bound, f"layer {l}: off-diagonal blocks are not random"
+
+
+@pytest.mark.parametrize('fused', [False, True])  # lime.py's mix, and kernels/memory.py's
+def test_identity_start_is_the_baseline_exactly_and_every_router_weight_learns(fused):
+    # router_init='identity': the authors' noise zeroed. Routers are initialised last, so a
+    # seed gives both models the same other weights: the same logits, to the bit.
+    lime.use_fused_kernels(fused, 'cpu')
+    base = tiny_model(seed=3, router='none', n_kv_head=2)
+    identity = tiny_model(seed=3, router='static', router_init='identity', n_kv_head=2)
+    idx = torch.randint(0, 101, (2, 20))
+    assert torch.equal(identity(idx)[0], base(idx)[0]), "the identity start is not the baseline"
+    identity(idx, idx)[1].backward()
+    for l, router in enumerate(identity.routers(), start=1):
+        assert torch.equal(router.weight[:, :-2], torch.zeros(2, 2 * l)), f"layer {l}: noise"
+        grad = router.weight.grad[:, :-2]  # the other layers' entries: zero, yet they learn
+        assert (grad != 0).all(), f"layer {l}: a router weight gets no gradient"
+
+
+def test_router_init_leaves_the_other_weights_of_a_seed_alone():
+    noisy = tiny_model(seed=3, router='static')
+    identity = tiny_model(seed=3, router='static', router_init='identity')
+    for (name, a), b in zip(noisy.named_parameters(), identity.parameters()):
+        if '.router.' not in name:
+            assert torch.equal(a, b), f"{name} differs between the two starts"
 
 
 def test_dynamic_router_starts_close_to_baseline():

@@ -17,8 +17,9 @@ per setting (with --band=True, a line per setting, its seeds' mean, in a band fr
 their most at each step); the arith figures draw each setting's mean with a band from its worst to
 its best seed, and the tables give mean ± standard deviation over the seeds. A setting is named by
 its router and by every setting in which the runs given differ (say `static lr=0.003`; a
-baseline's router_lr, which it never uses, does not count), so runs that differ in more than the
-seed are never averaged together. What does not change the numbers (where the run
+baseline's router_lr and the static router's start, router_init, in the other routers' runs, which
+they never use, do not count), so runs that differ in more than the seed are never averaged
+together. What does not change the numbers (where the run
 lives, the path it reached its data by, the device, compile, how often it logs) does not count. An
 arith_eval.json is drawn only if it scored the checkpoint that the run's log ends with; a run's
 training FLOPs add up its steps at each one's own tokens per step (a resume may change the batch).
@@ -61,7 +62,8 @@ DEFAULT_OUT = {'curves': 'figures/loss_curves.png', 'arith': 'figures/arith_accu
 NOT_A_SETTING = {'seed', 'out_dir', 'init_from', 'overwrite', 'device', 'compile', 'fused',
                  'peak_flops', 'log_interval', 'eval_interval', 'always_save_checkpoint', 'mc_task',
                  'mc_interval', 'mc_examples'}
-SHORT = {'learning_rate': 'lr', 'gradient_accumulation_steps': 'accum'}  # in settings' names
+SHORT = {'learning_rate': 'lr', 'gradient_accumulation_steps': 'accum',
+         'router_init': 'init'}  # in settings' names
 COLORS = {'none': 'tab:gray', 'static': 'tab:blue', 'dynamic': 'tab:orange'}  # the rest: matplotlib's cycle
 
 
@@ -141,7 +143,10 @@ def setting_keys(configs):
 
 
 def no_router(config, key):
-    """Whether key is a router's rate in a run without a router: it changes nothing there."""
+    """Whether key is a router's rate or start in a run without a router: it changes nothing there
+    (nor does the start in a dynamic run: lime.py keeps it at the authors')."""
+    if key == 'router_init':
+        return config.get('router') != 'static'
     return key == 'router_lr' and config.get('router') == 'none'
 
 
@@ -184,6 +189,7 @@ def by_setting(runs, depth_axis):
         config = dict(read_log(run)[0]['config'])
         # train.py saves 0 as what it means (max_iters) now, as older logs do not
         config['lr_decay_iters'] = config.get('lr_decay_iters') or config.get('max_iters')
+        config.setdefault('router_init', 'noisy')  # logs from before the key: the authors' start
         config['data_dir'] = real_data_dir(run, config)
         configs[run] = config
     differ = setting_keys(list(configs.values()))

@@ -8,6 +8,14 @@ routers are compared at the rates tuning chose, over seeds, at two depths.
     python -m lab.text --stage=compare    # the chosen rates (`chosen`), seeds 1-4: none, static and
                                           # dynamic at 8 layers, none and static at 24 layers
     python -m lab.text --stage=report     # the tables and the figure of the runs that finished
+    python -m lab.text config/text_depth.py --stage=all   # the depth experiment, every stage:
+                                          # tuned at 24 layers, both static starts, held-out seeds
+
+--stage=all runs the grid, then the comparison. `chosen` is what the grid chose, set by whoever
+read its table (an empty one stops the comparison); an item may hold for one depth alone
+(24/static:3e-3:1), and the static router's start (router_init) may follow its rates
+(static:3e-3:1:identity). heldout_seeds run after every other run and are reported apart: seeds
+nobody looked at while choosing.
 
 The model is config/depth_text.py's (64 wide, 4 heads, 128 bytes of context, 16 sequences a step)
 at the depth the stage gives it; every run trains `grid_steps` (the grid) or `steps` (the
@@ -38,7 +46,7 @@ from configurator import configure, fail
 from lab import plot, read_json
 
 # -----------------------------------------------------------------------------
-stage = 'grid'  # 'grid', 'compare' or 'report' (see above)
+stage = 'grid'  # 'grid', 'compare', 'all' (the two) or 'report' (see above)
 data_dir = 'data/shakespeare_milton'  # byte-level shards (prepare.py --tokenizer=bytes)
 out = 'out/text'  # each run in out/<stage>/<name>, as out/text/grid/L8_static_lr0.003_x1_s1
 preset = 'config/depth_text.py'  # the model and batch; the keys below override its schedule
@@ -56,10 +64,11 @@ grid_lrs = '1e-3,3e-3,1e-2,3e-2'  # base learning rates the grid tries for every
 grid_router_x = '1,3,10'  # router_lr / learning_rate the grid tries for static and dynamic
 grid_routers = 'none,static,dynamic'  # the routers the grid tunes
 grid_inits = 'noisy'  # the static router's starts the grid tries: 'noisy', 'identity' or both
-chosen = 'none:1e-2:0,static:1e-2:1,dynamic:1e-2:3'  # the grid's choice: router:lr:router_lr/lr
+chosen = 'none:1e-2:0,static:1e-2:1,dynamic:1e-2:3'  # the grid's: router:lr:router_lr/lr[:init]
 depths = '8,24'  # the comparison's depths: every router at the first, deep_routers at the rest
 deep_routers = 'none,static'
 seeds = '1,2,3,4'  # the seed sets the initial weights only: every run sees the same batches
+heldout_seeds = ''  # seeds run after the others and reported apart: kept unseen while choosing
 # -----------------------------------------------------------------------------
 ROUTERS = ('none', 'static', 'dynamic')
 INITS = ('noisy', 'identity')  # lime.py's router_init, for the static router
@@ -77,21 +86,25 @@ def numbers(text, kind, key):
 
 
 def chosen_rates(text):
-    """{router: (learning_rate, router_lr multiple, router_init)} from `chosen`: items
-    router:lr:x, and for static optionally router:lr:x:init (init 'noisy' where not given)."""
+    """{(depth, router): (learning_rate, router_lr multiple, router_init)} from `chosen`: items
+    router:lr:x, for static optionally router:lr:x:init ('noisy' where not given), each for every
+    depth (depth None) or, as 24/router:lr:x, for that depth alone."""
     rates = {}
     for item in text.split(','):
-        parts = item.split(':')
+        depth, _, rest = item.rpartition('/')
+        parts = rest.split(':')
         try:
             router, lr, x = parts[0], float(parts[1]), float(parts[2])
             init = parts[3] if len(parts) == 4 else 'noisy'
+            depth = int(depth) if depth else None
         except (IndexError, ValueError):
             router, lr, x, init = None, 0, 0, None
         if (router not in ROUTERS or not lr > 0 or not x >= 0 or len(parts) not in (3, 4)
                 or init not in INITS or (init != 'noisy' and router != 'static')):
             fail(f"chosen: expected router:learning_rate:router_lr_multiple items such as "
-                 f"static:3e-3:1 (static:3e-3:1:identity for the identity start), got {item!r}")
-        rates[router] = (lr, x, init)
+                 f"static:3e-3:1 (static:3e-3:1:identity: the identity start; 24/static:3e-3:1: "
+                 f"at 24 layers only), got {item!r}")
+        rates[depth, router] = (lr, x, init)
     return rates
 
 
@@ -128,19 +141,25 @@ def grid_runs():
 
 
 def compare_runs():
-    """The comparison's runs, depth by depth in the order given: a set stopped part-way has whole
-    depths to show."""
+    """The comparison's runs: depth by depth in the order given, a set stopped part-way has whole
+    depths to show; then the held-out seeds, depth by depth. At the first depth every router that
+    `chosen` has rates for runs, at the others deep_routers."""
     rates, layers = chosen_rates(chosen), numbers(depths, int, 'depths')
-    deep = deep_routers.split(',')
-    for router in deep:
-        if router not in rates:
-            fail(f"deep_routers: {router!r} has no rates in `chosen` ({chosen})")
+    routers = {L: [r for r in ROUTERS if (L, r) in rates or (None, r) in rates] for L in layers}
+    for L in layers[1:]:
+        for router in deep_routers.split(','):
+            if router not in routers[L]:
+                fail(f"deep_routers: {router!r} has no rates in `chosen` ({chosen}) at {L} layers")
+        routers[L] = deep_routers.split(',')
+    held = numbers(heldout_seeds, int, 'heldout_seeds') if heldout_seeds else []
     runs = []
-    for L in layers:
-        for seed in numbers(seeds, int, 'seeds'):
-            for router in (rates if L == layers[0] else deep):
-                lr, x, init = rates[router]
-                runs.append((run_name(L, router, lr, x, seed, init), L, router, lr, x, seed, init))
+    for seed_list in (numbers(seeds, int, 'seeds'), held):
+        for L in layers:
+            for seed in seed_list:
+                for router in routers[L]:
+                    lr, x, init = rates.get((L, router)) or rates[None, router]
+                    runs.append((run_name(L, router, lr, x, seed, init), L, router, lr, x, seed,
+                                 init))
     return runs
 
 
@@ -182,9 +201,9 @@ def run_one(run, where, n_steps):
     score = json.loads(result.stdout.strip().splitlines()[-1])
     val = [r for r in plot.read_log(run_dir)[1] if 'val_loss' in r]
     record = {'name': name, 'layers': layers, 'router': router, 'learning_rate': lr,
-              'router_lr': lr * x, 'router_init': init, 'seed': seed, 'step': score['step'], 'bpb': score['bpb'],
-              'val_loss': val[-1]['val_loss'], 'minutes': (time.time() - started) / 60,
-              'settings': settings(n_steps)}
+              'router_lr': lr * x, 'router_init': init, 'seed': seed, 'step': score['step'],
+              'bpb': score['bpb'], 'val_loss': val[-1]['val_loss'],
+              'minutes': (time.time() - started) / 60, 'settings': settings(n_steps)}
     final = os.path.join(run_dir, 'final.json')
     with open(final + '.tmp', 'w') as f:
         json.dump(record, f)
@@ -284,35 +303,44 @@ def grid_table(records):
 
 def compare_table(records):
     """Per depth: each router's bits per byte by seed, mean ± std, and its paired difference from
-    none seed by seed (negative: below the baseline, better)."""
+    none seed by seed (negative: below the baseline, better); the held-out seeds apart, then with
+    the others."""
+    held = set(numbers(heldout_seeds, int, 'heldout_seeds')) if heldout_seeds else set()
     lines = []
     for L in sorted({r['layers'] for r in records}):
         here = [r for r in records if r['layers'] == L]
-        routers = [router for router in ROUTERS if any(r['router'] == router for r in here)]
-        by = {(r['router'], r['seed']): r for r in here}
+        in_order = sorted(here, key=lambda r: ROUTERS.index(r['router']))
+        routers = list(dict.fromkeys(label(r) for r in in_order))  # none, static, dynamic
+        by = {(label(r), r['seed']): r for r in here}
         all_seeds = sorted({r['seed'] for r in here})
         lines += ['', f"{L} layers: final bits per byte on the whole validation split (val loss "
                   "in nats per byte at the last evaluation)", '',
                   '| seed | ' + ' | '.join(routers) + ' |', '|---|' + '---|' * len(routers)]
         for seed in all_seeds:
-            lines.append(f"| {seed} | " + ' | '.join(
+            name = f"{seed} (held out)" if seed in held else f"{seed}"
+            lines.append(f"| {name} | " + ' | '.join(
                 f"{by[r, seed]['bpb']:.4f} ({by[r, seed]['val_loss']:.4f})" if (r, seed) in by
                 else '-' for r in routers) + ' |')
-        means = []
-        for router in routers:
-            bpb = [by[router, s]['bpb'] for s in all_seeds if (router, s) in by]
-            spread = f" ± {statistics.stdev(bpb):.4f}" if len(bpb) > 1 else ''
-            means.append(f"{statistics.mean(bpb):.4f}{spread} (n={len(bpb)})")
-        lines.append('| mean ± std | ' + ' | '.join(means) + ' |')
-        for router in routers:
-            pairs = [by[router, s]['bpb'] - by['none', s]['bpb'] for s in all_seeds
-                     if router != 'none' and (router, s) in by and ('none', s) in by]
-            if pairs:
-                spread = f" ± {statistics.stdev(pairs):.4f}" if len(pairs) > 1 else ''
-                lines.append(f"{L} layers, {router} - none, seed by seed: " +
-                             ', '.join(f"{d:+.4f}" for d in pairs) +
-                             f"; mean {statistics.mean(pairs):+.4f}{spread}; below none in "
-                             f"{sum(d < 0 for d in pairs)} of {len(pairs)}")
+        groups = [('', [s for s in all_seeds if s not in held])]
+        if held & set(all_seeds):
+            groups += [(', held out', [s for s in all_seeds if s in held]), (', all', all_seeds)]
+        for group, group_seeds in groups:
+            means = []
+            for router in routers:
+                bpb = [by[router, s]['bpb'] for s in group_seeds if (router, s) in by]
+                spread = f" ± {statistics.stdev(bpb):.4f}" if len(bpb) > 1 else ''
+                means.append(f"{statistics.mean(bpb):.4f}{spread} (n={len(bpb)})" if bpb else '-')
+            lines.append(f'| mean ± std{group} | ' + ' | '.join(means) + ' |')
+        for group, group_seeds in groups:
+            for router in routers:
+                pairs = [by[router, s]['bpb'] - by['none', s]['bpb'] for s in group_seeds
+                         if router != 'none' and (router, s) in by and ('none', s) in by]
+                if pairs:
+                    spread = f" ± {statistics.stdev(pairs):.4f}" if len(pairs) > 1 else ''
+                    lines.append(f"{L} layers{group}, {router} - none, seed by seed: " +
+                                 ', '.join(f"{d:+.4f}" for d in pairs) +
+                                 f"; mean {statistics.mean(pairs):+.4f}{spread}; below none in "
+                                 f"{sum(d < 0 for d in pairs)} of {len(pairs)}")
     return '\n'.join(lines)
 
 
@@ -329,22 +357,29 @@ def draw(records, where):
 
 def main():
     config, _, _ = configure(globals(), {
-        ('grid', 'compare', 'report'): ['stage'],
+        ('grid', 'compare', 'all', 'report'): ['stage'],
         'path': ['data_dir', 'out', 'preset'],
         'text': ['grid_lrs', 'grid_router_x', 'grid_routers', 'grid_inits', 'chosen', 'depths',
-                 'deep_routers', 'seeds'],
+                 'deep_routers', 'seeds', 'heldout_seeds'],
         'positive': ['jobs', 'grid_steps', 'steps', 'eval_interval', 'eval_iters', 'grid_layers'],
         'non-negative': ['warmup_iters']})
     globals().update(config)
-    grid, compare = grid_runs(), compare_runs()  # both checked, whichever stage runs
+    grid = grid_runs()
+    if not chosen and stage in ('compare', 'all'):  # 'all': before the grid, not after it
+        fail("chosen is empty: run the grid (--stage=grid), read its table, and set chosen to "
+             "the rates it chose")
+    compare = compare_runs() if chosen else []  # both checked, whichever stage runs
     if stage != 'report' and not os.path.isdir(data_dir):
         fail(f"no data in {data_dir}: docs/results.md says how to get the texts and prepare them "
              "(python prepare.py --input ... --tokenizer=bytes --out_dir=" + data_dir + ")")
     stages = {'grid': (grid, grid_table, grid_steps), 'compare': (compare, compare_table, steps)}
     for name, (runs, table, n_steps) in stages.items():
         where = os.path.join(out, name)
-        if stage == name:
+        if stage in (name, 'all'):
             records = run_all(runs, where, n_steps)
+        elif stage == 'report' and name == 'compare' and not chosen:
+            print("\n## compare: not chosen yet (chosen is empty)")
+            continue
         elif stage == 'report':
             records = finished(runs, where, n_steps)
             print(f"\n## {name}: {len(records)} of {len(runs)} runs finished\n")

@@ -105,6 +105,10 @@ def test_bad_config_raises_a_clear_error():
         GPTConfig(n_head=12, n_kv_head=5)
     with pytest.raises(ValueError, match='router_top_p'):
         GPTConfig(router_top_p=0.0)
+    with pytest.raises(ValueError, match='router_init must be one of'):
+        GPTConfig(router='static', router_init='zeros')
+    with pytest.raises(ValueError, match='for the static router only'):  # never silently ignored
+        GPTConfig(router='dynamic', router_init='identity')
 
 
 @pytest.mark.parametrize('shape', [

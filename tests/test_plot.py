@@ -272,3 +272,15 @@ def test_band_draws_each_settings_mean_between_its_least_and_most(tmp_path):
     assert len(fig.axes[3].collections) == 2  # and against FLOPs, a band per setting
     refused = plot('--mode=arith', f'--runs={runs[0]}', '--band=True', check=False)
     assert refused.returncode == 1 and 'band is for the loss curves' in refused.stderr
+
+
+def test_the_static_start_names_a_setting_only_among_static_runs(tmp_path):
+    # router_init changes static runs alone; logs from before the key had the authors' start.
+    runs = [fake_run(tmp_path / 'n1', 'none', 1, router_init='noisy'),
+            fake_run(tmp_path / 'i1', 'static', 1, router_init='identity'),
+            fake_run(tmp_path / 'd1', 'dynamic', 1, router_init='noisy')]
+    groups, _ = plot_py.by_setting(runs, depth_axis=False)
+    assert list(groups) == ['none', 'static', 'dynamic'], groups
+    runs.append(fake_run(tmp_path / 'o1', 'static', 1))  # an older log: no router_init
+    groups, _ = plot_py.by_setting(runs, depth_axis=False)
+    assert list(groups) == ['none', 'static init=identity', 'dynamic', 'static init=noisy'], groups

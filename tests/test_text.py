@@ -102,9 +102,58 @@ def test_grid_then_comparison_then_resume(setup):
     assert 'give another --out' in other.stderr
 
 
+def test_both_static_starts_tuned_then_compared_per_depth_with_held_out_seeds(setup):
+    tmp, common = setup
+    out = [f'--out={tmp / "starts"}']
+    grid = text('--stage=grid', *common, *out, '--grid_layers=1', '--grid_lrs=3e-3',
+                '--grid_router_x=1', '--grid_routers=none,static', '--grid_inits=noisy,identity')
+    assert grid.returncode == 0 and '0 of 3 runs finished' in grid.stdout, grid.stdout + grid.stderr
+    runs = tmp / 'starts' / 'grid'
+    header = json.loads((runs / 'L1_static_lr0.003_x1_identity_s1' / 'log.txt').read_text()
+                        .splitlines()[0])['config']
+    assert (header['router'], header['router_init']) == ('static', 'identity')
+    assert '| static (identity) | 1x |' in grid.stdout
+    assert 'best static (identity): lr 0.003, router_lr 1x' in grid.stdout
+
+    # A start and rates for one depth alone; the held-out seeds run last and are reported apart.
+    chosen = '--chosen=none:1e-3:0,static:1e-3:1,2/static:3e-3:1:identity'
+    compare = text('--stage=all', *common, *out, chosen, '--depths=2,1', '--seeds=1',
+                   '--heldout_seeds=2', '--grid_layers=1', '--grid_lrs=3e-3', '--grid_router_x=1',
+                   '--grid_routers=none,static', '--grid_inits=noisy,identity')
+    assert compare.returncode == 0, compare.stdout + compare.stderr
+    assert '3 of 3 runs finished; running 0' in compare.stdout  # the grid's, kept
+    runs = tmp / 'starts' / 'compare'
+    names = ['L2_none_lr0.001', 'L2_static_lr0.003_x1_identity', 'L1_none_lr0.001',
+             'L1_static_lr0.001_x1']
+    for name in names:
+        for seed in (1, 2):
+            assert (runs / f'{name}_s{seed}' / 'final.json').exists(), name
+    out = compare.stdout
+    assert '| seed | none | static (identity) |' in out and '| 2 (held out) |' in out
+    assert '2 layers, static (identity) - none, seed by seed: ' in out
+    assert '2 layers, held out, static (identity) - none, seed by seed: ' in out
+    assert '1 layers, all, static - none, seed by seed: ' in out
+
+
+def test_held_out_seeds_run_after_every_other_run(monkeypatch):
+    from lab import text as experiment
+    for key, value in dict(chosen='none:1e-2:0,24/static:3e-3:1:identity,static:1e-2:1',
+                           depths='24,8', seeds='1,2', heldout_seeds='5').items():
+        monkeypatch.setattr(experiment, key, value)
+    runs = [(name, seed) for name, _, _, _, _, seed, _ in experiment.compare_runs()]
+    assert [seed for _, seed in runs] == [1, 1, 2, 2, 1, 1, 2, 2, 5, 5, 5, 5]
+    assert [name for name, _ in runs[:2]] == ['L24_none_lr0.01_s1',
+                                              'L24_static_lr0.003_x1_identity_s1']
+    assert runs[7][0] == 'L8_static_lr0.01_x1_s2'  # 8 layers: the rates for every depth
+
+
 @pytest.mark.parametrize('args, message', [
     (['--stage=tune'], "stage must be one of"),
     (['--chosen=static:fast:1'], "chosen: expected router:learning_rate:router_lr_multiple"),
+    (['--chosen=dynamic:1e-2:3:identity'], "chosen: expected router:learning_rate"),
+    (['--chosen=x/static:1e-2:1'], "chosen: expected router:learning_rate"),
+    (['--grid_inits=noisy,zeros'], "grid_inits: expected comma-separated names from noisy, "),
+    (['--stage=all', '--chosen='], "chosen is empty: run the grid"),
     (['--chosen=none:1e-3:0', '--deep_routers=static'], "deep_routers: 'static' has no rates"),
     (['--grid_lrs=1e-3,x'], "grid_lrs: expected comma-separated numbers"),
     (['--seeds=0'], "seeds: every value must be positive"),
