@@ -26,10 +26,14 @@ from lime import GPT, GPTConfig
 def no_cpp_compiler():
     """None where inductor finds a C++ compiler for CPU code; else why it cannot compile here."""
     try:
-        torch._inductor.cpp_builder.get_cpp_compiler()
+        from torch._inductor.cpp_builder import get_cpp_compiler
+        get_cpp_compiler()
     except Exception as error:  # its search raises when no compiler it knows is installed
         return f"torch.compile's inductor finds no C++ compiler here ({error!r})"
     return None
+
+
+NO_CPP_COMPILER = no_cpp_compiler()
 
 
 def allocated_sizes(code):
@@ -38,7 +42,7 @@ def allocated_sizes(code):
     return [math.prod(int(n) for n in size.split(',') if n.strip()) for size in sizes]
 
 
-@pytest.mark.skipif(no_cpp_compiler() is not None, reason=str(no_cpp_compiler()))
+@pytest.mark.skipif(NO_CPP_COMPILER is not None, reason=str(NO_CPP_COMPILER))
 def test_each_routed_layer_of_a_compiled_step_writes_its_sources_once():
     from torch._inductor.utils import run_and_get_code
     torch._dynamo.reset()
