@@ -153,9 +153,17 @@ class StaticRouter(nn.Module):
     def forward(self, h, memory):  # memory: S tensors (B, T, 2, G, hs), layers 0..l
         if mix_kernels is not None:  # faster code for the same numbers (use_fused_kernels)
             return mix_kernels.static_mix(self.mix_weights(), memory)
-        # All S*G (layer, head) sources side by side, in R's column order: (B, T, 2, S*G, hs).
-        # R (G, S*G) @ each (S*G, hs) matrix of them: (B, T, 2, G, hs). (list(): for compile)
-        return self.mix_weights() @ torch.cat(list(memory), dim=3)
+        # Head-major, as in the authors' code: a row per (layer, kv head) source, in R's column
+        # order, so that the mix is one product R (G, S*G) @ sources (S*G, B*T*2*hs) and the cat
+        # that lays them out is the only copy. (R @ torch.cat(memory, dim=3) gives the same
+        # numbers, but torch folds B, T and 2 into the product's rows: a transposed copy of the
+        # whole cat at every layer, kept for the backward pass; tests/test_compiled_code.py
+        # fails on it.)
+        sources = torch.cat([kv.movedim(3, 0) for kv in memory])  # (S*G, B, T, 2, hs)
+        mixed = self.mix_weights() @ sources.flatten(1)  # (G, B*T*2*hs)
+        # Back to (B, T, 2, G, hs) as a view: hs stays the last, unit-stride dim that SDPA's
+        # fast kernels need.
+        return mixed.unflatten(1, sources.shape[1:]).movedim(0, 3)
 
 
 class DynamicRouter(nn.Module):

@@ -147,4 +147,4 @@ class RestrictedRouter(StaticRouter):
 
     def forward(self, h, memory):  # memory: l + 1 tensors (B, T, 2, G, hs), layers 0..l
         read = [memory[m] for m in self.sources]  # S tensors, in R's column order
-        return self.mix_weights() @ torch.cat(read, dim=3)  # (B, T, 2, G, hs)
+        return super().forward(h, read)  # StaticRouter's mix of those: (B, T, 2, G, hs)

@@ -18,7 +18,7 @@ from lime import GPT, CausalSelfAttention, GPTConfig, KVCache, StaticRouter
 
 
 def static_mix(R, memory):
-    """Stacks the sources head-major, (head, layer), where R's columns go layer by layer: right
+    """Stacks the sources head by head, (head, layer), where R's columns go layer by layer: right
     with one head or one layer, wrong with both."""
     kv = torch.stack(memory, dim=4).flatten(3, 4)  # (B, T, 2, G * S, hs): h * S + m, not m * G + h
     return R @ kv
@@ -180,7 +180,7 @@ class RestrictedRouter(StaticRouter):
         self.weight = nn.Parameter(torch.empty(G, len(self.sources) * G))
 
     def forward(self, h, memory):
-        return self.mix_weights() @ torch.cat([memory[m] for m in self.sources], dim=3)
+        return super().forward(h, [memory[m] for m in self.sources])
 
 
 class RestrictedRouterWithoutItsOwnLayer(RestrictedRouter):
@@ -208,4 +208,4 @@ class RestrictedRouterReadingItsOwnLayerTwice(StaticRouter):
         self.weight = nn.Parameter(torch.empty(G, len(self.sources) * G))
 
     def forward(self, h, memory):
-        return self.mix_weights() @ torch.cat([memory[m] for m in self.sources], dim=3)
+        return super().forward(h, [memory[m] for m in self.sources])

@@ -5,9 +5,9 @@ faster on a CPU, where lime.use_fused_kernels picks this module by default (fuse
 it runs where asked for (fused=True), since there lime.py's definition, compiled, was the faster
 (kernels/__init__.py).
 
-lime.py keeps the layer memory as a list of per-layer tensors (B, T, 2, G, hs), token-major: a
-static mix is then a batch of B*T*2 tiny (G x S*G) @ (S*G x hs) products, and torch.cat copies
-the whole memory at every layer. Here, as in the LIMe authors' code, the memory is one buffer
+lime.py keeps the layer memory as a list of per-layer tensors (B, T, 2, G, hs), token-major: its
+static mix copies the whole memory so far into head-major rows (torch.cat) at every layer, then
+mixes them with one matrix product. Here, as in the LIMe authors' code, the memory is one buffer
 with a row per (layer, kv head) and a column per (batch*time, key or value, channel):
 
     rows (L, G, B, T, 2, hs)    viewed as a matrix (L*G, N'),  N' = B*T*2*hs
