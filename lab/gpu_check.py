@@ -71,9 +71,10 @@ VARIANTS = [('static', 'before'), ('static', 'definition'), ('none', '-'),
             ('dynamic', 'definition'), ('static', 'memory.py'), ('dynamic', 'memory.py')]
 MIXES = ("Mixes: `definition`, lime.py's; `before`, the static definition before the head-major "
          "change (R @ torch.cat(memory)); `memory.py`, kernels/memory.py (fused=True).")
-# The float32 reference runs this many sequences at a time: gpt2's 32 at once, eager, would
-# take about 70 GB of an 80 GB H100 (their logits, and torch.cat's copies of the memory)
-REFERENCE_CHUNK = 8
+# The float32 reference runs this many sequences at a time: gpt2's 32 at once, eager, would take
+# about 70 GB of an 80 GB H100 (their logits, and torch.cat's copies of the memory); 8 of
+# config/deep.py's at 64 layers, about as much
+REFERENCE_CHUNK = 2
 SMALL_BATCH = 2  # the gradients part's sequences: two, so that a mix of two sequences shows
 DEEP_BATCH = 8  # the deep part's sequences
 # bfloat16 keeps 8 significant bits: a gradient through a few layers of bf16 products is off by
@@ -199,10 +200,8 @@ def seeded_model(cfg):
 
 
 def gradients(model):
-    """Every parameter's gradient, by name; the model is left without them."""
-    grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)  # the tensors live on in grads
-    return grads
+    """Every parameter's gradient, by name."""
+    return {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
 
 
 def relative_error(got, want):
@@ -225,6 +224,7 @@ def reference_gradients(cfg, x):
                     _, loss = model(chunk[:, :-1], chunk[:, 1:])
                 (loss * len(chunk) / len(x)).backward()
             grads.append(gradients(model))
+            model.zero_grad(set_to_none=True)  # the tensors live on in grads
     reference, alone = grads
     alone = {name: relative_error(alone[name], want) for name, want in reference.items()}
     return {name: want.cpu() for name, want in reference.items()}, alone
@@ -248,7 +248,8 @@ def verdict(errors, failed):
     shown = [e for e in errors if e[0] in failed][:3] or [max(errors, key=lambda e: e[1] / e[2])]
     worst = '; '.join(f"{name} {error:.1e} (allowed {allowed:.1e}, bf16 alone {alone:.1e})"
                       for name, error, allowed, alone in shown)
-    return f"{'FAILED' if failed else 'passed'} {len(errors) - len(failed)} of {len(errors)}: {worst}"
+    within = len(errors) - len(failed)
+    return f"{'FAILED' if failed else 'passed'} {within} of {len(errors)}: {worst}"
 
 
 # -----------------------------------------------------------------------------
@@ -321,7 +322,9 @@ def variant_rows(path, B, n_steps, variants, changes):
     """(the table's rows for a preset's model, a mix a row, the baseline's first; what was left
     out; a line on the model). changes: GPTConfig fields to change, on a GPU."""
     cfg, batch_size = preset_model(path)
-    cfg, B = (replace(cfg, **changes), B or batch_size) if ON_A_GPU else (cfg, batch_size)
+    if ON_A_GPU:
+        cfg = replace(cfg, **changes)
+    B = B if B and ON_A_GPU else batch_size
     x = torch.randint(0, cfg.vocab_size, (B, cfg.block_size + 1),
                       generator=torch.Generator().manual_seed(0))
     references = {}
@@ -349,14 +352,15 @@ def training_part(paths=None, B=None, n_steps=None, variants=VARIANTS, **changes
     rows, skipped, models = [], [], []
     for path in paths or [preset]:
         more, left, model = variant_rows(path, B, n_steps or steps, variants, changes)
-        rows, skipped, models = rows + more, skipped + left, models + [model]
+        rows += more
+        skipped += left
+        models.append(model)
     how = 'compiled, bf16' if ON_A_GPU else 'on a CPU: a tiny model, eager, float32'
     return '\n'.join([
         f"Training steps (forward, backward, AdamW) of random tokens, {n_steps or steps} of each "
-        f"mix, {how}. "
-        "Gradients: the first step's against the eager definition's in float32, each "
-        f"parameter's within {BF16_TOLERANCE:g} + twice its bf16 alone error (relative to its "
-        "largest entry). tokens/s: the median later step's; peak memory: in the later steps; "
+        f"mix, {how}. Gradients: the first step's against the eager definition's in float32, "
+        f"each parameter's within {BF16_TOLERANCE:g} + twice its bf16 alone error (relative to "
+        "its largest entry). tokens/s: the median later step's; peak memory: in the later steps; "
         "compile s: the first step's time beyond a later one's. " + MIXES, '',
         '| preset | router | mix | gradients | tokens/s | vs none | peak GiB | vs none | '
         'compile s | compiled as | attention |', '|---|---|---|---|---|---|---|---|---|---|---|',
@@ -426,15 +430,17 @@ def mix_rows(router, cfg, B, dtype):
         for _ in range(PASSES):
             run()
     size = torch.finfo(dtype).bits // 8
-    ops = {}  # name: [calls, seconds, bytes or None], a pass's
+    ops = {}  # name: (calls, seconds, bytes or None) in the PASSES
     for e in prof.key_averages(group_by_input_shape=True):
         us = e.self_device_time_total if ON_A_GPU else e.self_cpu_time_total  # its own kernels'
         if not e.key.startswith('aten::') or us <= 0:  # views, and ops whose work others do
             continue
         elements = op_elements(e.key, e.input_shapes)
-        op = ops.setdefault(e.key, [0, 0.0, 0])
-        op[0], op[1] = op[0] + e.count / PASSES, op[1] + us / 1e6 / PASSES
-        op[2] = None if None in (elements, op[2]) else op[2] + elements * size * e.count / PASSES
+        calls, seconds, nbytes = ops.get(e.key, (0, 0.0, 0))
+        nbytes = None if None in (elements, nbytes) else nbytes + elements * size * e.count
+        ops[e.key] = (calls + e.count, seconds + us / 1e6, nbytes)
+    ops = {name: (calls / PASSES, seconds / PASSES, nbytes and nbytes / PASSES)
+           for name, (calls, seconds, nbytes) in ops.items()}  # a pass's
     total = sum(seconds for _, seconds, _ in ops.values())
     rows = [f"| {router} | {name} | {calls:.0f} | {seconds * 1e3:.2f} | {seconds / total:.1%} | "
             f"{cell(nbytes and nbytes / 1e9, '.3g')} | "
