@@ -1,111 +1,106 @@
 """
-gpu_check.py: the one command that checks LIMe's mix (kernels/memory.py) on this GPU, with this
-torch, as train.py runs it, against lime.py's definition, and measures the two side by side. Its
-reports are what docs/performance.md records (the first: one H100, 2026-11-27).
+gpu_check.py: one command that checks and times LIMe's mix on this GPU, with this torch, as a
+training run compiles it, and writes one report (markdown, to paste into docs/performance.md).
 
-    python -m lab.gpu_check                                        # all, within 8 minutes
-    python -m lab.gpu_check --parts=gradients --presets=config/deep.py --minutes=20
+    python -m lab.gpu_check                                 # within 8 minutes on one H100
+    python -m lab.gpu_check --parts=deep,gradients --minutes=20
 
-The parts (`parts` names some, in that order), each with its wall time in the report:
-1. self_check: memory.self_check, which train.py runs on a GPU before step 0 with --fused=True
-   (memory.py asked for; the automatic choice there is the definition), at every preset's kv
-   heads and head size, in bfloat16 and float32: the mix run as a run runs it (eager: a compiled
-   model breaks its graph at each mix), through enough layers to take both of the dynamic mix's
-   ways. It cannot see the compiled code around the mix: part 2 checks that.
-2. gradients: at every preset's model shape (SMALL_BATCH sequences of its block_size), both LIMe
-   routers: every parameter's gradient of one compiled bf16 step with memory.py, against the eager
-   definition's in float32 from the same weights and tokens. A parameter passes within
-   BF16_TOLERANCE plus twice what bf16 autocast does to the definition's own gradient of it.
-3. training: train.py itself, `torchrun --standalone --nproc_per_node=1 train.py <preset>`, on
-   shards of random tokens written here: an evaluation (the graph train.py compiles first), then
-   `steps` optimizer steps of the preset's batch and gradient accumulation (config/gpt2.py: 32
-   sequences x 16 micro-steps), for static and dynamic, each with the compiled definition
-   (--fused=False, what a run on a GPU runs by default) and with memory.py (--fused=True), then
-   router none: the loss curves, tokens/s and compile time from each run's log.txt, the GPU
-   memory each run took.
-4. profile: torch.profiler over the mixes of all the preset's layers, forward and backward, at its
-   batch, alone (the code a run runs between its compiled pieces): a table of their kernels' time
-   and bytes/s beside docs/performance.md's floor; and which SDPA backend a compiled step ran.
-5. deep: compile time and peak memory at 64 layers (config/deep.py's model) with memory.py.
-6. tests: tests/test_kernels.py on this machine's CPU with its torch, started first and run beside
-   the others (two threads, the GPU hidden from it), its result reported last.
+The default parts, in this order. profile: the mixes of all the preset's layers alone
+(kernels/memory.py, eager, as a run runs them between its compiled pieces), forward and backward:
+each op's time and bytes/s, beside the floor of (2S + 3) N elements a layer (docs/performance.md).
+training: the preset's training step (compiled, bf16) with each mix of VARIANTS, the definition
+before the head-major change among them (static_before): the first step's gradients judged
+against the eager definition's in float32 (judge), then tokens/s, the ratio to the baseline's,
+peak memory, compile seconds and the attention kernel. Behind --parts (PARTS): deep, the training
+part at 64 layers; gradients, its first step at every preset; self_check, memory.self_check at
+every preset; tests, tests/test_kernels.py on the CPU beside the others; train_py, train.py itself
+under torchrun with each mix.
 
-GPU runs are rare: the whole check is meant to take under 8 minutes on one H100 (`minutes`). On
-one (2026-11-27) the training part's five runs alone took 7.3 minutes (54 to 132 s each): give
-it, or each part, time of its own (`parts`, `minutes`). Each part gets its share of the minutes
-(SHARES) and starts its next piece (a preset, a run, a router) only while the time left in its
-share is at least what its last piece took; the report names what it left out. On a CPU the
-same code runs small: a tiny model (ON_A_CPU) for every preset in part 2 (still compiled, in bf16
-autocast) and in parts 3 to 5, whose runs are float32 and eager, as train.py runs on a CPU: the
-code paths, not a GPU's numbers or speed. The report (markdown, to paste) is printed and written
-to `report`.
+It keeps to --minutes: a piece of a part (a mix, a router, a preset) starts only while the time
+left is at least the longest piece of the part so far, and at the end of the time the piece still
+running is stopped; the report names what was left out. On a CPU the same code runs a tiny model
+(ON_A_CPU), eager and in float32: its paths and pass rule, not a GPU's numbers.
 """
 import ast
 import gc
 import glob
-import importlib.util
-import json
 import math
 import os
 import platform
-import re
 import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
+from dataclasses import replace
 from datetime import date
+from unittest.mock import patch
 
 import numpy as np
 import torch
 import torch.nn as nn
-from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from configurator import configure, fail, read_text
 from kernels import memory
-from lime import (GPT, ROUTERS, DynamicRouter, GPTConfig, compile_model, last_line,
+from lab.plot import read_log
+from lime import (GPT, DynamicRouter, GPTConfig, StaticRouter, compile_model, last_line,
                   use_fused_kernels)
 from prepare import shard_path, write_shard
 
 # -----------------------------------------------------------------------------
-preset = 'config/gpt2.py'  # the model that parts 3 and 4 train and profile
-presets = ''  # part 2's presets, comma-separated paths; '' = every config/*.py
-parts = 'self_check,gradients,training,profile,deep,tests'  # which parts run, in this order
-steps = 4  # optimizer steps of each train.py run in part 3, after its first evaluation
-deep_steps = 2  # training steps of each router at 64 layers in part 5 (the first compiles)
-minutes = 8.0  # the time budget of the whole check, shared out among the parts (SHARES)
+preset = 'config/gpt2.py'  # the model of the profile, training and train_py parts
+presets = ''  # the gradients part's presets, comma-separated paths; '' = every config/*.py
+parts = 'profile,training'  # in this order; also: deep, gradients, self_check, tests, train_py
+steps = 8  # training steps of each mix in the training and train_py parts (the first compiles)
+deep_steps = 3  # the same in the deep part
+minutes = 8.0  # the whole command's time
 report = 'gpu_check.md'  # where the report goes
 # -----------------------------------------------------------------------------
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ON_A_GPU = torch.cuda.is_available()
 DEVICE = 'cuda' if ON_A_GPU else 'cpu'
-# On a CPU, these model keys instead of the presets' (a preset's full shape takes minutes a step)
+# On a CPU, these keys instead of the presets' (a preset's full shape takes minutes a step)
 ON_A_CPU = dict(n_layer=4, n_embd=32, n_head=2, n_kv_head=0, mlp_hidden=0, block_size=32,
-                vocab_size=256)
-# Each part's share of `minutes`; the tests run beside the others and need none.
-SHARES = {'self_check': 0.05, 'gradients': 0.2, 'training': 0.5, 'profile': 0.1, 'deep': 0.15}
-# Sequences in part 2's step and part 4's compiled step: two, so that a mix that mixed up
-# two sequences would show
-SMALL_BATCH = 2
-DEEP_BATCH = 8  # sequences in part 5's steps
+                vocab_size=256, batch_size=4, gradient_accumulation_steps=2)
+# (router, mix) in the order they run, what matters most first: the time may run out
+VARIANTS = [('static', 'before'), ('static', 'definition'), ('none', '-'),
+            ('dynamic', 'definition'), ('static', 'memory.py'), ('dynamic', 'memory.py')]
+MIXES = ("Mixes: `definition`, lime.py's; `before`, the static definition before the head-major "
+         "change (R @ torch.cat(memory)); `memory.py`, kernels/memory.py (fused=True).")
+# The float32 reference runs this many sequences at a time: gpt2's 32 at once, eager, would take
+# about 70 GB of an 80 GB H100 (their logits, and torch.cat's copies of the memory); 8 of
+# config/deep.py's at 64 layers, about as much
+REFERENCE_CHUNK = 2
+SMALL_BATCH = 2  # the gradients part's sequences: two, so that a mix of two sequences shows
+DEEP_BATCH = 8  # the deep part's sequences
 # bfloat16 keeps 8 significant bits: a gradient through a few layers of bf16 products is off by
 # about 1e-2 of its largest entry (tests/test_kernels.py's compiled test allows 5e-2). A deep model
-# rounds more: part 2 allows this plus twice the definition's own error under bf16 autocast.
+# rounds more: judge allows this plus twice the definition's own error under bf16 autocast.
 BF16_TOLERANCE = 5e-2
-LOSS_GAP = 0.05  # two runs' losses differ by at most this over a few bf16 steps
+LOSS_GAP = 0.05  # train_py: two runs' losses differ by at most this over a few bf16 steps
 BANDWIDTH = 3.0e12  # an H100's memory bandwidth, bytes/s, as measured (lab/bench.py's bandwidth)
-TRAIN_DEFAULTS = {'batch_size': 16, 'gradient_accumulation_steps': 32}  # train.py's
+PASSES = 3  # the profile part's passes of every mix, under the profiler after one to warm up
+DEADLINE = time.time() + 60 * minutes  # main sets it from --minutes
+
+
+class TimeUp(Exception):
+    """The end of --minutes, raised by an alarm in whatever piece is running."""
+
+
+def time_up(signum, frame):
+    raise TimeUp()
 
 
 def preset_values(path):
     """A config file's `key = literal` lines, over train.py's defaults for the keys read here."""
     values = {'n_layer': 12, 'n_head': 12, 'n_kv_head': 0, 'n_embd': 768, 'block_size': 1024,
-              'router': 'static', 'mlp_hidden': 0, 'vocab_size': 50257, **TRAIN_DEFAULTS}
+              'mlp_hidden': 0, 'vocab_size': 50257, 'batch_size': 16,
+              'gradient_accumulation_steps': 32}
     try:
         body = ast.parse(read_text(path, 'preset'), filename=path).body
     except (SyntaxError, ValueError) as e:  # ValueError: NUL bytes
@@ -120,352 +115,19 @@ def preset_values(path):
     return values
 
 
-def model_config(values, **changes):
-    keys = {f: values[f] for f in GPTConfig.__dataclass_fields__ if f in values}
-    return GPTConfig(**{**keys, **changes})
+def config_of(values):
+    return GPTConfig(**{f: values[f] for f in GPTConfig.__dataclass_fields__ if f in values})
 
 
-def describe(cfg):
+def preset_model(path):
+    """(a preset's GPTConfig, its batch size), on a CPU with ON_A_CPU's keys instead."""
+    values = {**preset_values(os.path.join(ROOT, path)), **({} if ON_A_GPU else ON_A_CPU)}
+    return config_of(values), values['batch_size']
+
+
+def describe(cfg, B):
     return (f"{cfg.n_layer} layers x {cfg.n_embd}, {cfg.n_head} heads, {cfg.n_kv_head} kv heads, "
-            f"{cfg.block_size} tokens")
-
-
-def preset_paths():
-    """Part 2's presets: `presets`, or every config/*.py, `preset` first, then the biggest models
-    (the GPU's) before the small ones, so that a short budget leaves out the small ones."""
-    if presets:
-        return presets.split(',')
-    paths = glob.glob(os.path.join(ROOT, 'config', '*.py'))
-    paths.sort(key=lambda p: (os.path.relpath(p, ROOT) != os.path.normpath(preset),
-                              -model_config(preset_values(p)).num_floats()))
-    return [os.path.relpath(p, ROOT) for p in paths]
-
-
-def free_memory():
-    gc.collect()
-    if ON_A_GPU:
-        torch.cuda.empty_cache()
-
-
-class Clock:
-    """A part's share of the budget. A part starts its next piece of work only while the time
-    left is at least what its last piece took: it keeps to its share within one piece."""
-
-    def __init__(self, seconds):
-        self.end = time.time() + seconds
-        self.last = 0.0
-
-    def allows_another(self):
-        return self.end - time.time() >= self.last
-
-    @contextmanager
-    def piece(self):
-        started = time.time()
-        yield
-        self.last = time.time() - started
-
-
-def left_out(pieces):
-    if not pieces:
-        return []
-    return ['', f"Left out, the part's share of --minutes={minutes:g} spent: {', '.join(pieces)}."]
-
-
-# -----------------------------------------------------------------------------
-# Part 1: the self-check
-
-
-def self_checks(clock):
-    """A table, one row per preset, a cell per dtype: 'passed' or what differed."""
-    lines = [f"memory.py on {DEVICE} against lime.py's definition in float32 on the CPU, run eager "
-             "and under autocast as a run runs the mix (float32 in full float32, TF32 off, as the "
-             "check runs it). What it cannot see: the compiled code around the mix (part 2) and "
-             "speed (parts 3 to 5).", '',
-             '| preset | kv heads | head size | bfloat16 | float32 |', '|---|---|---|---|---|']
-    skipped = []
-    for path in sorted(glob.glob(os.path.join(ROOT, 'config', '*.py'))):
-        name = os.path.relpath(path, ROOT)
-        if not clock.allows_another():
-            skipped.append(name)
-            continue
-        cfg = model_config(preset_values(path))
-        G, hs = cfg.n_kv_head, cfg.n_embd // cfg.n_head
-        cells = []
-        with clock.piece():
-            for dtype in (torch.bfloat16, torch.float32):
-                started = time.time()
-                why = memory.self_check(G, hs, dtype, DEVICE)
-                cells.append(f"{why or 'passed'} ({time.time() - started:.1f} s)")
-        lines.append(f"| {name} | {G} | {hs} | {' | '.join(cells)} |")
-    return '\n'.join(lines + left_out(skipped))
-
-
-# -----------------------------------------------------------------------------
-# Part 2: every parameter's gradient, compiled memory.py against the eager definition
-
-
-def bf16_autocast():
-    return torch.autocast(DEVICE, torch.bfloat16)
-
-
-@contextmanager
-def exact_float32():
-    """float32 products in float32, not TF32 (which train.py allows on a GPU): the reference."""
-    saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
-
-
-def step_gradients(model, x, compiled, autocast):
-    """Every parameter's gradient after one forward and backward pass of model on x (B, T + 1),
-    with the mix that lime.use_fused_kernels has set; compiled: through torch.compile, as train.py
-    runs it."""
-    step_model = compile_model(model) if compiled else model
-    with autocast:
-        _, loss = step_model(x[:, :-1], x[:, 1:])
-    loss.backward()
-    grads = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)  # the tensors live on in grads
-    return grads
-
-
-def relative_error(got, want):
-    """max |got - want| over max |want|, on the device (a big model's gradients stay there)."""
-    got, want = got.float(), want.float()
-    return ((got - want).abs().max() / want.abs().max().clamp_min(1e-12)).item()
-
-
-def dynamo_summary():
-    """What torch.compile made of the model since the counters were cleared: graphs, graph breaks
-    (one at each mix), and the functions it left to run eager: one with a graph break inside a
-    loop (GPT.forward's loop over the blocks), and one compiled anew for each layer, since it
-    reads its layer's index, past torch._dynamo.config.recompile_limit variants: the layers after
-    those run it eager (at 12 layers with memory.py, CausalSelfAttention.forward)."""
-    counters = torch._dynamo.utils.counters
-    breaks = sum(counters['graph_break'].values())
-    eager = counters['frames']['total'] - counters['frames']['ok']
-    at_limit = sum(n for why, n in counters['unimplemented'].items() if 'recompile limit' in why)
-    limit = torch._dynamo.config.recompile_limit
-    return (f"{counters['stats']['unique_graphs']} graphs, {breaks} graph breaks; functions left "
-            f"eager: {eager} ({at_limit} past the recompile limit, {limit} variants)")
-
-
-def gradient_sets(cfg):
-    """Every parameter's gradient of one step of a model of cfg, three ways, from the same weights
-    and tokens: the eager definition in float32 (the reference), the same under bf16 autocast
-    (what bf16 alone does), and memory.py compiled under bf16 autocast, as train.py runs it; and
-    what torch.compile made of the model."""
-    torch.manual_seed(0)
-    model = GPT(cfg).to(DEVICE)
-    for router in model.routers():
-        if isinstance(router, DynamicRouter):  # not its zero init, under which every token
-            # routes alike: an error in one token's gradient could hide in the sum over tokens
-            nn.init.normal_(router.proj.weight, std=cfg.n_embd ** -0.5)
-    x = torch.randint(0, cfg.vocab_size, (SMALL_BATCH, cfg.block_size + 1),
-                      generator=torch.Generator().manual_seed(0)).to(DEVICE)
-    use_fused_kernels(False, DEVICE)
-    with exact_float32():
-        reference = step_gradients(model, x, compiled=False, autocast=nullcontext())
-    alone = step_gradients(model, x, compiled=False, autocast=bf16_autocast())
-    use_fused_kernels(True, DEVICE)  # no self-check: part 1 is that
-    torch._dynamo.reset()  # compiled afresh, as a new run compiles
-    torch._dynamo.utils.counters.clear()
-    fast = step_gradients(model, x, compiled=True, autocast=bf16_autocast())
-    return reference, alone, fast, dynamo_summary()
-
-
-def judge(reference, alone, fast):
-    """The pass rule: ([(parameter, error, allowed, bf16 alone error)], [the parameters whose
-    error is above what they are allowed]). Errors are relative to the reference's largest entry;
-    a parameter is allowed BF16_TOLERANCE plus twice its bf16 alone error."""
-    errors = []
-    for name, want in reference.items():
-        bf16_alone = relative_error(alone[name], want)
-        error = relative_error(fast[name], want) if name in fast else 1.0  # none: all wrong
-        errors.append((name, error, BF16_TOLERANCE + 2 * bf16_alone, bf16_alone))
-    return errors, [name for name, error, allowed, _ in errors if not error <= allowed]
-
-
-def check_model(cfg):
-    """{'errors': judge's list, 'failed': the parameters out of bounds, 'compiled': what
-    torch.compile made of the model}."""
-    reference, alone, fast, compiled = gradient_sets(cfg)
-    errors, failed = judge(reference, alone, fast)
-    return {'errors': errors, 'failed': failed, 'compiled': compiled}
-
-
-def gradient_row(name, router, cfg, result, seconds):
-    errors = result['errors']
-    worst = max(errors, key=lambda e: e[1] / e[2])  # the nearest to its bound
-    verdict = 'passed' if not result['failed'] else 'FAILED'
-    within = len(errors) - len(result['failed'])
-    return (f"| {name} | {router} | {describe(cfg)} | {verdict}: {within} of {len(errors)} | "
-            f"{worst[0]} | {worst[1]:.1e} | {worst[2]:.1e} | {worst[3]:.1e} | "
-            f"{result['compiled']} | {seconds:.0f} |")
-
-
-def failure_line(name, router, result):
-    """The worst parameters of a failed row, three at most, as a line under the table."""
-    failed = [e for e in result['errors'] if e[0] in result['failed']]
-    failed.sort(key=lambda e: -e[1] / e[2])
-    return (f"- {name}, {router}: {len(failed)} parameters out of bounds, the worst: "
-            + '; '.join(f"{p} off by {error:.1e} (allowed {allowed:.1e}, bf16 alone {alone:.1e})"
-                        for p, error, allowed, alone in failed[:3]))
-
-
-def gradients(clock):
-    """Part 2: a row per preset and router."""
-    if ON_A_GPU:
-        models = [(path, preset_values(os.path.join(ROOT, path))) for path in preset_paths()]
-        where = f"{SMALL_BATCH} sequences of each preset's block_size"
-    else:
-        models = [('tiny (ON_A_CPU)', ON_A_CPU)]
-        where = (f"on a CPU: a tiny model for every preset, {SMALL_BATCH} sequences: the code "
-                 "and the pass rule, not a GPU's numbers")
-    lines = [f"One compiled bf16 step with memory.py against the eager definition in float32 "
-             f"(TF32 off), the same weights and tokens; {where}. A parameter passes within "
-             f"{BF16_TOLERANCE:g} + twice its bf16 alone error (the eager definition's under "
-             "bf16 autocast), relative to its largest gradient entry.", '',
-             '| preset | router | model | parameters within | worst parameter | its error | '
-             'allowed | bf16 alone | compiled as | s |',
-             '|---|---|---|---|---|---|---|---|---|---|']
-    failed_lines, skipped = [], []
-    for name, values in models:
-        for router in ('static', 'dynamic'):
-            if not clock.allows_another():
-                skipped.append(f"{name} {router}")
-                continue
-            cfg = model_config(values, router=router)
-            started = time.time()
-            with clock.piece():
-                result = check_model(cfg)
-            lines.append(gradient_row(name, router, cfg, result, time.time() - started))
-            if result['failed']:
-                failed_lines.append(failure_line(name, router, result))
-            free_memory()
-    return '\n'.join(lines + ([''] + failed_lines if failed_lines else []) + left_out(skipped))
-
-
-# -----------------------------------------------------------------------------
-# Part 3: train.py under torchrun, the definition and memory.py side by side
-
-EVAL_ITERS = 2  # validation batches of each run's evaluations
-RUN_TIMEOUT = 600  # seconds: a run still going by then is stopped, not waited for
-RUNS = [('static', 'definition'), ('static', 'memory.py'), ('dynamic', 'definition'),
-        ('dynamic', 'memory.py'), ('none', '-')]  # (router, mix), in the order they run
-
-
-def write_random_shards(data_dir, values):
-    """A validation shard of EVAL_ITERS batches and a training shard of one optimizer step's
-    micro-batches (train.py reads it round and round), in prepare.py's format, of random tokens
-    from a quarter of the vocabulary: a model learns which within a few steps, so its loss moves."""
-    batch_tokens = values['batch_size'] * values['block_size']
-    rng = np.random.default_rng(0)
-    for split, index, batches in (('val', 0, EVAL_ITERS),
-                                  ('train', 1, values['gradient_accumulation_steps'])):
-        tokens = rng.integers(0, values['vocab_size'] // 4, batches * batch_tokens + 1)
-        write_shard(shard_path(data_dir, 'random', split, index), tokens)
-
-
-def train_command(router, mix, data_dir, out_dir):
-    """torchrun's arguments: train.py as a user starts it, with these runs' settings and the mix
-    named ('definition', 'memory.py', or '-': the baseline has none), and on a CPU a tiny model."""
-    command = ['--standalone', '--nproc_per_node=1', 'train.py', preset, f'--router={router}',
-               f'--data_dir={data_dir}', f'--out_dir={out_dir}', f'--max_iters={steps}',
-               f'--eval_interval={steps}', f'--eval_iters={EVAL_ITERS}', '--log_interval=1',
-               '--warmup_iters=0']  # no warmup: the few steps' learning rate moves the loss
-    # Each mix by name: the automatic choice (fused=None) is not the same on a GPU as on a CPU
-    if mix != '-':
-        command.append(f"--fused={mix == 'memory.py'}")
-    if not ON_A_GPU:
-        command += [f'--{key}={value}' for key, value in ON_A_CPU.items()]
-    return command
-
-
-def run_torchrun(arguments, timeout):
-    """(torchrun's exit code, or None where it ran past timeout seconds and was stopped; its
-    stderr). `python -m torch.distributed.run` is torchrun, run by this Python. In a session of
-    its own, so that a stop reaches torchrun's worker too."""
-    process = subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', *arguments],
-                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               text=True, start_new_session=True)
-    try:
-        _, stderr = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        _, stderr = process.communicate()
-        return None, stderr
-    return process.returncode, stderr
-
-
-def why_it_failed(stderr):
-    """The line that says why a run failed: train.py's `error: ...`, else the worker's last
-    exception (torchrun's own report of the failure comes after it), else the last line."""
-    lines = [line.strip() for line in stderr.splitlines() if line.strip()] or ['no output']
-    errors = [line for line in lines if line.startswith('error: ')]
-    exceptions = [line for line in lines if re.match(r'[\w.]+(Error|Exception): ', line)]
-    return (errors or exceptions or lines)[-1][:200]
-
-
-def gpu_memory_used():
-    free, total = torch.cuda.mem_get_info()
-    return total - free
-
-
-def watching_gpu_memory(work):
-    """(work()'s result, the most GPU memory in use while it ran beyond what was in use before,
-    GiB; None without a GPU). The whole device's, polled every 0.1 s: a run in another process
-    holds its memory where this process's allocator cannot see it."""
-    if not ON_A_GPU:
-        return work(), None
-    before = gpu_memory_used()
-    peak = [before]
-    done = threading.Event()
-
-    def poll():
-        while not done.wait(0.1):
-            peak[0] = max(peak[0], gpu_memory_used())
-    poller = threading.Thread(target=poll)
-    poller.start()
-    try:
-        result = work()
-    finally:
-        done.set()
-        poller.join()
-    return result, (peak[0] - before) / 2**30
-
-
-def read_log(out_dir):
-    """A run's losses, tokens/s (the median of the steps after the first, which compiled) and
-    compile time (the first step's beyond a later one's) from its log.txt records."""
-    with open(os.path.join(out_dir, 'log.txt')) as f:
-        records = [json.loads(line) for line in f][1:]  # the first is the run's settings
-    evals = [r['val_loss'] for r in records if 'val_loss' in r]
-    trained = [r for r in records if 'train_loss' in r]
-    later = [r for r in trained if r['step'] > 1]
-    result = {'val': evals, 'train': [r['train_loss'] for r in trained],
-              'tokens_per_s': None, 'compile_s': None}
-    if later:
-        result['tokens_per_s'] = statistics.median(r['tokens_per_sec'] for r in later)
-        step_ms = statistics.median(r['ms_per_step'] for r in later)
-        if ON_A_GPU:  # (on a CPU train.py runs eager)
-            result['compile_s'] = max(0.0, trained[0]['ms_per_step'] - step_ms) / 1000
-    return result
-
-
-def train_run(router, mix, data_dir, out_dir):
-    started = time.time()
-    arguments = train_command(router, mix, data_dir, out_dir)
-    (code, stderr), peak = watching_gpu_memory(lambda: run_torchrun(arguments, RUN_TIMEOUT))
-    if code != 0:
-        return {'error': f"ran past {RUN_TIMEOUT} s: stopped" if code is None else
-                why_it_failed(stderr)}
-    result = {**read_log(out_dir), 'peak_gib': peak, 'run_s': time.time() - started}
-    shutil.rmtree(out_dir)  # its checkpoint: GBs at gpt2's size, and of no use here
-    return result
+            f"{B} x {cfg.block_size} tokens")
 
 
 def cell(value, spec):
@@ -476,359 +138,453 @@ def ratio(value, base):
     return None if value is None or not base else value / base
 
 
-def training_row(router, mix, run, base):
-    if 'error' in run:
-        return f"| {router} | {mix} | FAILED: {run['error']} |"
-    losses = [run['val'][0], run['train'][0], run['train'][-1], run['val'][-1]]
-    return (f"| {router} | {mix} | " + ' | '.join(f"{loss:.4f}" for loss in losses)
-            + f" | {cell(run['tokens_per_s'], ',.0f')} | "
-            f"{cell(ratio(run['tokens_per_s'], base.get('tokens_per_s')), '.3f')} | "
-            f"{cell(run['peak_gib'], '.2f')} | "
-            f"{cell(ratio(run['peak_gib'], base.get('peak_gib')), '.3f')} | "
-            f"{cell(run['compile_s'], '.1f')} | {run['run_s']:.0f} |")
+def pieces(names, work, label=str):
+    """([(name, work(name) or a line saying why it failed)], [what was left out, by label(name)]):
+    a name's piece starts only while the time left is at least the longest piece so far, and an
+    alarm stops it at the deadline."""
+    done, skipped, longest = [], [], 0.0
+    signal.signal(signal.SIGALRM, time_up)
+    for name in names:
+        if DEADLINE - time.time() < longest:
+            skipped.append(label(name))
+            continue
+        started = time.time()
+        signal.setitimer(signal.ITIMER_REAL, max(DEADLINE - started, 1e-3))
+        try:
+            done.append((name, work(name)))
+        except Exception as e:  # the other pieces' results still make the report
+            if time.time() >= DEADLINE:  # TimeUp, or what torch.compile made of it
+                skipped.append(f"{label(name)} (stopped at the time limit)")
+            else:
+                done.append((name, f"FAILED: {type(e).__name__}: {last_line(e)}"))
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        gc.collect()
+        if ON_A_GPU:
+            torch.cuda.empty_cache()
+        longest = max(longest, time.time() - started)
+    return done, skipped
 
 
-def comparison(router, definition, fast):
-    """A line on one router's two runs: their loss curves, speed and memory, and on a GPU
-    whether the automatic choice there (fused=None: the compiled definition) is the faster."""
-    gap = max(abs(a - b) for a, b in zip(definition['val'] + definition['train'],
-                                         fast['val'] + fast['train']))
-    speed = ratio(fast['tokens_per_s'], definition['tokens_per_s'])
-    peak = ratio(fast['peak_gib'], definition['peak_gib'])
-    line = (f"- {router}: the largest gap between the two runs' losses is {gap:.4f} "
-            f"({'within' if gap <= LOSS_GAP else 'NOT within'} {LOSS_GAP}: a check of the run's "
-            f"path, not of the gradients, which part 2 tests); memory.py / the definition: "
-            f"tokens/s {cell(speed, '.3f')}" + ('' if peak is None else f", GPU memory {peak:.3f}"))
-    if ON_A_GPU and speed is not None:  # on a GPU fused=None runs the definition (kernels/)
-        line += ('. The compiled definition is the faster here: the automatic choice on a GPU '
-                 '(fused=None) runs it' if speed < 1 else
-                 f". memory.py is the faster here: on this GPU a {router} run should set "
-                 "--fused=True, and the automatic choice (kernels/__init__.py) be measured again")
-    return line
-
-
-def training(clock):
-    """Part 3: the baseline, then each LIMe router with the definition and with memory.py."""
-    values = preset_values(os.path.join(ROOT, preset))
-    if not ON_A_GPU:
-        values.update(ON_A_CPU)
-    runs, skipped = [], []
-    with tempfile.TemporaryDirectory() as tmp:
-        write_random_shards(tmp, values)
-        # The two mixes side by side first, the baseline last: what a short budget leaves out
-        for router, mix in RUNS:
-            if not clock.allows_another():
-                skipped.append(router if router == 'none' else f"{router} with {mix}")
-                continue
-            print(f"  {router}, {mix}...", file=sys.stderr, flush=True)
-            with clock.piece():
-                run = train_run(router, mix, tmp, os.path.join(tmp, f"{router}-{mix}"))
-            runs.append((router, mix, run))
-    runs.sort(key=lambda run: ROUTERS.index(run[0]))  # the table: the baseline first
-    how = ('compiled, bf16' if ON_A_GPU else
-           f"on a CPU: a tiny model ({describe(model_config(values))}), float32, eager")
-    shown = ['torchrun'] + train_command('ROUTER', '-', '<random tokens>', '<a directory>')
-    lines = [f"Each run: `{' '.join(shown)}`, with `--fused=False` for the definition and "
-             f"`--fused=True` for memory.py; {how}; "
-             f"{values['batch_size']} sequences x {values['gradient_accumulation_steps']} "
-             f"micro-steps a step; {EVAL_ITERS} validation batches. GPU memory: the most the "
-             "device had in use during the run beyond before it (polled).", '',
-             f"| router | mix | val loss, step 0 | loss, step 1 | loss, step {steps} | "
-             f"val loss, step {steps} | tokens/s | vs none | GPU GiB | vs none | compile s | "
-             "run s |", '|---|---|---|---|---|---|---|---|---|---|---|---|']
-    base = next((run for router, _, run in runs if router == 'none' and 'error' not in run), {})
-    lines += [training_row(router, mix, run, base) for router, mix, run in runs]
-    done = {(router, mix): run for router, mix, run in runs if 'error' not in run}
-    pairs = [router for router in ('static', 'dynamic')
-             if (router, 'definition') in done and (router, 'memory.py') in done]
-    if pairs:
-        lines.append('')
-    lines += [comparison(router, done[router, 'definition'], done[router, 'memory.py'])
-              for router in pairs]
-    return '\n'.join(lines + left_out(skipped))
+def left_out(skipped):
+    return ['', f"Left out, the time spent: {', '.join(skipped)}."] if skipped else []
 
 
 # -----------------------------------------------------------------------------
-# Part 4: the mix's kernels, and attention's backend
+# The mixes, and the pass rule on one step's gradients
 
-PROFILED_PASSES = 3
+def static_before(self, h, memory):
+    """The static mix as lime.py defined it before the head-major change: all S*G (layer, head)
+    sources side by side (B, T, 2, S*G, hs), and R (G, S*G) @ each (S*G, hs) matrix of them."""
+    return self.mix_weights() @ torch.cat(list(memory), dim=3)  # (B, T, 2, G, hs)
 
 
-def mix_inputs(router, cfg, B, dtype):
-    """Random keys/values of every layer (B, T, 2, G, hs), gradients for every mix's output, and
-    the routers' weights: R (G, S*G), or probabilities (B, T, G, S) in float32 as a router's."""
+@contextmanager
+def mix(name):
+    """The mix `name` of VARIANTS in use: lime.py's switch set, and for 'before' the static
+    router's forward swapped for static_before, whatever lime.py's is now."""
+    use_fused_kernels(name == 'memory.py', DEVICE)  # no self-check: the self_check part is that
+    swap = patch.object(StaticRouter, 'forward', static_before) if name == 'before' else None
+    with swap or nullcontext():
+        yield
+
+
+def seeded_model(cfg):
+    """The same weights for every mix of a router."""
+    torch.manual_seed(0)
+    model = GPT(cfg).to(DEVICE)
+    for router in model.routers():
+        if isinstance(router, DynamicRouter):  # not its zero init, under which every token
+            # routes alike: an error in one token's gradient could hide in the sum over tokens
+            nn.init.normal_(router.proj.weight, std=cfg.n_embd ** -0.5)
+    return model
+
+
+def gradients(model):
+    """Every parameter's gradient, by name."""
+    return {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+
+
+def relative_error(got, want):
+    """max |got - want| over max |want|, on the device (a big model's gradients stay there)."""
+    got, want = got.float(), want.float()
+    return ((got - want).abs().max() / want.abs().max().clamp_min(1e-12)).item()
+
+
+def reference_gradients(cfg, x):
+    """({parameter: its gradient of one step of the eager definition in float32, on the CPU},
+    {parameter: that gradient's error under bf16 autocast}: what bf16 alone does). Float32
+    products stay float32: this command leaves torch's TF32 switch off, as it starts. The
+    sequences run REFERENCE_CHUNK at a time, each chunk's loss weighted by its share of them."""
+    model = seeded_model(cfg)
+    grads = []
+    with mix('definition'):
+        for autocast in (nullcontext(), torch.autocast(DEVICE, torch.bfloat16)):
+            for chunk in x.to(DEVICE).split(REFERENCE_CHUNK):
+                with autocast:
+                    _, loss = model(chunk[:, :-1], chunk[:, 1:])
+                (loss * len(chunk) / len(x)).backward()
+            grads.append(gradients(model))
+            model.zero_grad(set_to_none=True)  # the tensors live on in grads
+    reference, alone = grads
+    alone = {name: relative_error(alone[name], want) for name, want in reference.items()}
+    return {name: want.cpu() for name, want in reference.items()}, alone
+
+
+def judge(reference, alone, fast):
+    """The pass rule: ([(parameter, error, allowed, bf16 alone error)], [the parameters whose
+    error is above what they are allowed]). Errors are relative to the reference's largest entry;
+    a parameter is allowed BF16_TOLERANCE plus twice its bf16 alone error; one without a gradient
+    is all wrong."""
+    errors = []
+    for name, want in reference.items():
+        got = fast.get(name)
+        error = 1.0 if got is None else relative_error(got, want.to(got.device))
+        errors.append((name, error, BF16_TOLERANCE + 2 * alone[name], alone[name]))
+    return errors, [name for name, error, allowed, _ in errors if not error <= allowed]
+
+
+def verdict(errors, failed):
+    """A table's cell: how many passed; the failed (three at most), else the nearest its bound."""
+    shown = [e for e in errors if e[0] in failed][:3] or [max(errors, key=lambda e: e[1] / e[2])]
+    worst = '; '.join(f"{name} {error:.1e} (allowed {allowed:.1e}, bf16 alone {alone:.1e})"
+                      for name, error, allowed, alone in shown)
+    within = len(errors) - len(failed)
+    return f"{'FAILED' if failed else 'passed'} {within} of {len(errors)}: {worst}"
+
+
+# -----------------------------------------------------------------------------
+# Each mix's training step: its gradients, speed, memory and compile time
+
+def dynamo_summary():
+    """What torch.compile made of the model since the counters were cleared: graphs, graph breaks
+    (kernels/memory.py: one at each mix), and the functions it left to run eager."""
+    counters = torch._dynamo.utils.counters
+    eager = counters['frames']['total'] - counters['frames']['ok']
+    return (f"{counters['stats']['unique_graphs']} graphs, "
+            f"{sum(counters['graph_break'].values())} breaks, {eager} eager")
+
+
+def attention_kernels(step):
+    """The SDPA backends that step() runs, by the profiler's names for their ops."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+    names = {event.name for event in prof.events() if '_scaled_dot_product' in event.name}
+    backends = [b for b in ('flash', 'efficient', 'cudnn', 'math') if any(b in n for n in names)]
+    return ', '.join(backends) or '-'
+
+
+def train_variant(cfg, x, router, mix_name, n_steps, references):
+    """n_steps training steps (forward, backward, AdamW) of cfg's model with one mix, compiled and
+    in bf16 on a GPU (eager and float32 on a CPU, as train.py runs there). The first step's
+    gradients are judged against the router's reference (made once a router); its time beyond a
+    later step's is the compile time; the peak memory is the most allocated in the later steps."""
+    torch._dynamo.reset()  # compiled afresh, as a new run compiles
+    torch._dynamo.utils.counters.clear()
+    cfg = replace(cfg, router=router)
+    references[router] = references.get(router) or reference_gradients(cfg, x)
+    x = x.to(DEVICE)
+    with mix(mix_name):
+        model = seeded_model(cfg)
+        optimizer = model.configure_optimizers(0.1, 3e-4, 3e-3, fused=ON_A_GPU)
+        step_model = compile_model(model) if ON_A_GPU else model
+        autocast = torch.autocast(DEVICE, torch.bfloat16) if ON_A_GPU else nullcontext()
+        judged = []
+
+        def step():
+            """The step's seconds; the first's gradients judged, outside its time."""
+            started = time.perf_counter()
+            with autocast:
+                _, loss = step_model(x[:, :-1], x[:, 1:])
+            loss.backward()
+            loss.item()  # waits for the GPU
+            seconds = time.perf_counter() - started
+            if not judged:
+                judged.append(judge(*references[router], gradients(model)))
+            started = time.perf_counter()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if ON_A_GPU:
+                torch.cuda.synchronize()
+            return seconds + time.perf_counter() - started
+        first = step()
+        if ON_A_GPU:
+            torch.cuda.reset_peak_memory_stats()
+        later = statistics.median([step() for _ in range(n_steps - 1)]) if n_steps > 1 else None
+        peak = torch.cuda.max_memory_allocated() / 2**30 if ON_A_GPU else None
+        attention = attention_kernels(step)
+    return {'gradients': verdict(*judged[0]), 'peak_gib': peak, 'attention': attention,
+            'compile_s': max(0.0, first - later) if later and ON_A_GPU else None,
+            'tokens_per_s': x[:, 1:].numel() / later if later else None,
+            'compiled': dynamo_summary() if ON_A_GPU else 'eager'}
+
+
+def variant_rows(path, B, n_steps, variants, changes):
+    """(the table's rows for a preset's model, a mix a row, the baseline's first; what was left
+    out; a line on the model). changes: GPTConfig fields to change, on a GPU."""
+    cfg, batch_size = preset_model(path)
+    if ON_A_GPU:
+        cfg = replace(cfg, **changes)
+    B = B if B and ON_A_GPU else batch_size
+    x = torch.randint(0, cfg.vocab_size, (B, cfg.block_size + 1),
+                      generator=torch.Generator().manual_seed(0))
+    references = {}
+    done, skipped = pieces(variants, lambda v: train_variant(cfg, x, *v, n_steps, references),
+                           lambda v: ' '.join(word for word in (path, *v) if word != '-'))
+    base = next((r for (router, _), r in done if router == 'none' and isinstance(r, dict)), {})
+    rows = []
+    for (router, mix_name), r in sorted(done, key=lambda d: d[0][0] != 'none'):
+        first = f"| {path} | {router} | {mix_name} |"
+        if isinstance(r, str):  # it failed
+            rows.append(f"{first} {r} |")
+            continue
+        rows.append(f"{first} {r['gradients']} | {cell(r['tokens_per_s'], ',.0f')} | "
+                    f"{cell(ratio(r['tokens_per_s'], base.get('tokens_per_s')), '.3f')} | "
+                    f"{cell(r['peak_gib'], '.2f')} | "
+                    f"{cell(ratio(r['peak_gib'], base.get('peak_gib')), '.3f')} | "
+                    f"{cell(r['compile_s'], '.1f')} | {r['compiled']} | {r['attention']} |")
+    return rows, skipped, f"- {path}: {describe(cfg, B)}"
+
+
+def training_part(paths=None, B=None, n_steps=None, variants=VARIANTS, **changes):
+    """A table of each mix's training step at each preset (paths; `preset`'s by default), B
+    sequences (the preset's batch size by default): the training part, and with its arguments the
+    deep and gradients parts."""
+    rows, skipped, models = [], [], []
+    for path in paths or [preset]:
+        more, left, model = variant_rows(path, B, n_steps or steps, variants, changes)
+        rows += more
+        skipped += left
+        models.append(model)
+    how = 'compiled, bf16' if ON_A_GPU else 'on a CPU: a tiny model, eager, float32'
+    return '\n'.join([
+        f"Training steps (forward, backward, AdamW) of random tokens, {n_steps or steps} of each "
+        f"mix, {how}. Gradients: the first step's against the eager definition's in float32, "
+        f"each parameter's within {BF16_TOLERANCE:g} + twice its bf16 alone error (relative to "
+        "its largest entry). tokens/s: the median later step's; peak memory: in the later steps; "
+        "compile s: the first step's time beyond a later one's. " + MIXES, '',
+        '| preset | router | mix | gradients | tokens/s | vs none | peak GiB | vs none | '
+        'compile s | compiled as | attention |', '|---|---|---|---|---|---|---|---|---|---|---|',
+        *rows, '', *models, *left_out(skipped)])
+
+
+def gradients_part():
+    paths = presets.split(',') if presets else sorted(
+        os.path.relpath(p, ROOT) for p in glob.glob(f"{ROOT}/config/*.py"))
+    return training_part(paths, SMALL_BATCH, 1, [v for v in VARIANTS if v[0] != 'none'])
+
+
+# -----------------------------------------------------------------------------
+# The mix's kernels alone
+
+def mix_pass(router, cfg, B, dtype):
+    """A function that runs every layer's mix as GPT.forward calls them, then their backward pass,
+    on random keys/values (B, T, 2, G, hs), output gradients and router weights: R (G, S*G), or
+    probabilities (B, T, G, S) in float32, as a router's."""
     G, hs, T, L = cfg.n_kv_head, cfg.n_embd // cfg.n_head, cfg.block_size, cfg.n_layer
-    shape = (B, T, 2, G, hs)
-    sources = [torch.randn(shape, device=DEVICE, dtype=dtype, requires_grad=True)
+    sources = [torch.randn(B, T, 2, G, hs, device=DEVICE, dtype=dtype, requires_grad=True)
                for _ in range(L)]
-    douts = [torch.randn(shape, device=DEVICE, dtype=dtype) for _ in range(L - 1)]
+    douts = [torch.randn(B, T, 2, G, hs, device=DEVICE, dtype=dtype) for _ in range(L - 1)]
     if router == 'static':
         weights = [torch.randn(G, S * G, device=DEVICE) for S in range(2, L + 1)]
     else:
         weights = [torch.randn(B, T, G, S, device=DEVICE).softmax(-1) for S in range(2, L + 1)]
-    return sources, douts, [w.requires_grad_() for w in weights]
+    weights = [w.requires_grad_() for w in weights]
+    mix_of = memory.static_mix if router == 'static' else memory.dynamic_mix
+
+    def run():
+        layer_memory = memory.LayerMemory(L)
+        outs = []
+        for layer, kv in enumerate(sources):
+            layer_memory[layer] = kv
+            if layer > 0:
+                outs.append(mix_of(weights[layer - 1], layer_memory[:layer + 1]))
+        torch.autograd.backward(outs, douts)
+        for tensor in sources + weights:
+            tensor.grad = None
+    return run
 
 
-def mix_pass(router, sources, douts, weights):
-    """Every layer's mix, as GPT.forward calls them, then their backward pass from douts."""
-    mix = memory.static_mix if router == 'static' else memory.dynamic_mix
-    layer_memory = memory.LayerMemory(len(sources))
-    outs = []
-    for layer, kv in enumerate(sources):
-        layer_memory[layer] = kv
-        if layer > 0:
-            outs.append(mix(weights[layer - 1], layer_memory[:layer + 1]))
-    torch.autograd.backward(outs, douts)
-    for tensor in sources + weights:
-        tensor.grad = None
-
-
-def op_bytes(name, shapes, element_size):
-    """The least an op of the mix moves: its operands read once, its result written once (in
-    place, the first operand is read and written; a copy reads one and writes the other). An
-    operand broadcast over a batched product counts once a batch entry, as the product reads
-    it. None where an op is not one of these."""
+def op_elements(name, shapes):
+    """The least an op of the mix moves, in elements: its operands read once, its result written
+    once (in place, the first operand is read and written; a copy reads one and writes the
+    other). None where an op is not one of these."""
     sizes = [math.prod(shape) for shape in shapes if shape]  # tensors (a scalar's shape is [])
     if name in ('aten::copy_', 'aten::zero_', 'aten::fill_'):
-        moved = sum(sizes)
-    elif name in ('aten::mm', 'aten::bmm'):
-        a, b = shapes[0], shapes[1]
-        moved = sizes[0] + sizes[1] + math.prod(a[:-1]) * b[-1]
-    elif name.endswith('_'):  # baddbmm_, addcmul_: read, modify, write the first operand
-        moved = sum(sizes) + sizes[0]
-    elif name in ('aten::mul', 'aten::add', 'aten::sum'):
-        moved = sum(sizes) + (max(sizes) if name != 'aten::sum' else 0)
-    else:
-        return None
-    return moved * element_size
-
-
-def op_time_s(event):
-    """An op's own time: on a GPU its kernels' (not the ops it calls), on a CPU its own work."""
-    us = event.self_device_time_total if ON_A_GPU else event.self_cpu_time_total
-    return us / 1e6
-
-
-def profile_mix(router, cfg, B, dtype):
-    """{op: [calls, seconds, bytes or None]} a pass: every layer's mix, forward and backward,
-    under the profiler, after a pass to warm up."""
-    inputs = mix_inputs(router, cfg, B, dtype)
-    mix_pass(router, *inputs)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ON_A_GPU else [])
-    with profile(activities=activities, record_shapes=True) as prof:
-        for _ in range(PROFILED_PASSES):
-            mix_pass(router, *inputs)
-    ops = {}
-    for event in prof.events():
-        seconds = op_time_s(event)
-        if event.device_type != DeviceType.CPU or not event.name.startswith('aten::'):
-            continue  # a kernel (its op counts it), or autograd's and the profiler's own records
-        if seconds <= 0:  # a view, or an op whose work is in the ops it calls
-            continue
-        moved = op_bytes(event.name, event.input_shapes, torch.finfo(dtype).bits // 8)
-        calls, total, nbytes = ops.get(event.name, (0, 0.0, 0))
-        nbytes = None if moved is None or nbytes is None else nbytes + moved
-        ops[event.name] = (calls + 1, total + seconds, nbytes)
-    return {name: [calls / PROFILED_PASSES, seconds / PROFILED_PASSES,
-                   None if nbytes is None else nbytes / PROFILED_PASSES]
-            for name, (calls, seconds, nbytes) in ops.items()}
-
-
-def floor_bytes(cfg, B, element_size):
-    """docs/performance.md's floor: (2S + 3) N elements a layer, N = B*T*2*G*hs."""
-    N = B * cfg.block_size * 2 * cfg.n_kv_head * (cfg.n_embd // cfg.n_head)
-    return sum((2 * S + 3) * N for S in range(2, cfg.n_layer + 1)) * element_size
+        return sum(sizes)
+    if name in ('aten::mm', 'aten::bmm'):  # (.., m, k) @ (.., k, n) writes (.., m, n)
+        return sizes[0] + sizes[1] + math.prod(shapes[0][:-1]) * shapes[1][-1]
+    if name.endswith('_'):  # baddbmm_, addcmul_: read, modify, write the first operand
+        return sum(sizes) + sizes[0]
+    if name in ('aten::mul', 'aten::add', 'aten::sum'):
+        return sum(sizes) + (max(sizes) if name != 'aten::sum' else 0)
+    return None
 
 
 def mix_rows(router, cfg, B, dtype):
-    """(the table's rows for a router's mix: its 8 slowest ops; a line on all its ops against
-    the floor)."""
-    ops = profile_mix(router, cfg, B, dtype)
-    total_s = sum(seconds for _, seconds, _ in ops.values())
-    rows = []
-    for name, (calls, seconds, nbytes) in sorted(ops.items(), key=lambda op: -op[1][1])[:8]:
-        rows.append(f"| {router} | {name} | {calls:.0f} | {seconds * 1e3:.2f} | "
-                    f"{seconds / total_s:.1%} | {cell(nbytes and nbytes / 1e9, '.3g')} | "
-                    f"{cell(nbytes and nbytes / seconds / 1e9, ',.0f')} |")
+    """(rows for a router's 8 slowest ops, a line on all its ops against the floor) of a pass of
+    every layer's mix, forward and backward: the mean of PASSES under the profiler."""
+    run = mix_pass(router, cfg, B, dtype)
+    run()  # to warm up
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ON_A_GPU else [])
+    with profile(activities=activities, record_shapes=True) as prof:
+        for _ in range(PASSES):
+            run()
+    size = torch.finfo(dtype).bits // 8
+    ops = {}  # name: (calls, seconds, bytes or None) in the PASSES
+    for e in prof.key_averages(group_by_input_shape=True):
+        us = e.self_device_time_total if ON_A_GPU else e.self_cpu_time_total  # its own kernels'
+        if not e.key.startswith('aten::') or us <= 0:  # views, and ops whose work others do
+            continue
+        elements = op_elements(e.key, e.input_shapes)
+        calls, seconds, nbytes = ops.get(e.key, (0, 0.0, 0))
+        nbytes = None if None in (elements, nbytes) else nbytes + elements * size * e.count
+        ops[e.key] = (calls + e.count, seconds + us / 1e6, nbytes)
+    ops = {name: (calls / PASSES, seconds / PASSES, nbytes and nbytes / PASSES)
+           for name, (calls, seconds, nbytes) in ops.items()}  # a pass's
+    total = sum(seconds for _, seconds, _ in ops.values())
+    rows = [f"| {router} | {name} | {calls:.0f} | {seconds * 1e3:.2f} | {seconds / total:.1%} | "
+            f"{cell(nbytes and nbytes / 1e9, '.3g')} | "
+            f"{cell(nbytes and nbytes / seconds / 1e9, ',.0f')} |"
+            for name, (calls, seconds, nbytes) in sorted(ops.items(), key=lambda o: -o[1][1])[:8]]
     moved = sum(nbytes for _, _, nbytes in ops.values() if nbytes is not None)
-    floor = floor_bytes(cfg, B, torch.finfo(dtype).bits // 8)
-    line = (f"- {router}, all its ops: {total_s * 1e3:.2f} ms a pass; {moved / 1e9:.3g} GB by "
-            f"their operands, {moved / total_s / 1e9:,.0f} GB/s; docs/performance.md's floor, "
-            f"(2S + 3) N a layer: {floor / 1e9:.3g} GB")
+    N = B * cfg.block_size * 2 * cfg.n_kv_head * (cfg.n_embd // cfg.n_head)
+    floor = sum((2 * S + 3) * N for S in range(2, cfg.n_layer + 1)) * size
+    line = (f"- {router}, all its ops: {total * 1e3:.2f} ms a pass; {moved / 1e9:.3g} GB by their "
+            f"operands, {moved / total / 1e9:,.0f} GB/s; the floor: {floor / 1e9:.3g} GB")
     if ON_A_GPU:
         line += (f", {floor / BANDWIDTH * 1e3:.2f} ms at {BANDWIDTH / 1e12:g} TB/s: the mix "
-                 f"takes {total_s / (floor / BANDWIDTH):.1f}x the floor's time")
+                 f"takes {total / (floor / BANDWIDTH):.1f}x the floor's time")
     return rows, line
 
 
-SDPA_BACKENDS = {'flash': torch.backends.cuda.flash_sdp_enabled,  # each with its switch
-                 'efficient': torch.backends.cuda.mem_efficient_sdp_enabled,
-                 'cudnn': torch.backends.cuda.cudnn_sdp_enabled,
-                 'math': torch.backends.cuda.math_sdp_enabled}
-
-
-def sdpa_ops(cfg):
-    """The scaled_dot_product_attention kernels (the profiler's op names) of a training step of
-    cfg's model with memory.py: compiled and in bf16 on a GPU, as train.py runs it."""
-    use_fused_kernels(True, DEVICE)
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = GPT(cfg).to(DEVICE)
-    step_model = compile_model(model) if ON_A_GPU else model
-    x = torch.randint(0, cfg.vocab_size, (SMALL_BATCH, cfg.block_size + 1), device=DEVICE)
-    autocast = bf16_autocast() if ON_A_GPU else nullcontext()
-
-    def step():
-        with autocast:
-            _, loss = step_model(x[:, :-1], x[:, 1:])
-        loss.backward()
-        model.zero_grad(set_to_none=True)
-    step()  # compiles
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        step()
-    return sorted({e.name for e in prof.events() if '_scaled_dot_product' in e.name})
-
-
-def sdpa_line(cfg):
-    names = sdpa_ops(cfg)
-    ran = [backend for backend in SDPA_BACKENDS if any(backend in name for name in names)]
-    enabled = [backend for backend, switch in SDPA_BACKENDS.items() if switch()]
-    how = 'compiled, bf16' if ON_A_GPU else 'eager'
-    return (f"- SDPA in a training step of the static model ({how}, {SMALL_BATCH} sequences): "
-            f"{', '.join(ran) or 'no backend named'} ran "
-            f"({', '.join(names) or 'no SDPA op: attention in plain products'}); enabled in "
-            f"torch.backends.cuda: {', '.join(enabled)}")
-
-
-def profile_part(clock):
-    """Part 4: the mix's kernels at the preset's shape, each router; the SDPA backend."""
-    values = preset_values(os.path.join(ROOT, preset))
-    cfg = model_config(values) if ON_A_GPU else model_config(values, **ON_A_CPU)
-    B = values['batch_size'] if ON_A_GPU else 4
+def profile_part():
+    cfg, B = preset_model(preset)
     dtype = torch.bfloat16 if ON_A_GPU else torch.float32
-    how = ('bf16, the kernels\' time' if ON_A_GPU else
-           f"on a CPU: a tiny model ({describe(cfg)}), float32, the ops' own CPU time")
-    rows, lines, skipped = [], [], []
-    for router in ('static', 'dynamic'):
-        if not clock.allows_another():
-            skipped.append(f"{router}'s mix")
-            continue
-        with clock.piece():
-            router_rows, line = mix_rows(router, model_config(vars(cfg), router=router), B, dtype)
-        rows += router_rows
-        lines.append(line)
-        free_memory()
-    if clock.allows_another():
-        lines.append(sdpa_line(model_config(vars(cfg), router='static')))
-    else:
-        skipped.append('the SDPA backend')
+    how = "bf16, the kernels' time" if ON_A_GPU else "on a CPU: float32, the ops' own CPU time"
+    done, skipped = pieces(['static', 'dynamic'], lambda r: mix_rows(r, cfg, B, dtype))
+    rows = [row for _, result in done if isinstance(result, tuple) for row in result[0]]
+    lines = [result[1] if isinstance(result, tuple) else result for _, result in done]
     return '\n'.join([
-        f"The mixes of {preset}'s {cfg.n_layer} layers alone (memory.py, eager, as a run runs "
-        f"them between its compiled pieces), forward and backward, {B} sequences, {how}; a "
-        f"pass's mean over {PROFILED_PASSES}, the 8 slowest ops of each router. GB: what an op's "
-        "operands hold, each read or written once (op_bytes).", '',
+        f"The mixes of {preset}'s layers alone ({describe(cfg, B)}; kernels/memory.py, eager), "
+        f"forward and backward, {how}; a pass's mean over {PASSES}, each router's 8 slowest "
+        "ops. GB: what an op's operands hold, each read or written once (op_elements); the "
+        "floor: (2S + 3) N a layer (docs/performance.md).", '',
         '| router | op | calls | ms | share | GB | GB/s |', '|---|---|---|---|---|---|---|',
         *rows, '', *lines, *left_out(skipped)])
 
 
 # -----------------------------------------------------------------------------
-# Part 5: 64 layers
+# Behind --parts: the self-check, the kernel tests, train.py under torchrun
+
+def self_check_part():
+    """memory.self_check (which train.py runs with --fused=True on a GPU) at every preset's kv
+    heads and head size, in bfloat16 and float32: 'passed' or what differed."""
+    def check(path):
+        cfg = config_of(preset_values(os.path.join(ROOT, path)))
+        return ' | '.join(memory.self_check(cfg.n_kv_head, cfg.n_embd // cfg.n_head, dtype,
+                                            DEVICE) or 'passed'
+                          for dtype in (torch.bfloat16, torch.float32))
+    paths = sorted(os.path.relpath(p, ROOT) for p in glob.glob(f"{ROOT}/config/*.py"))
+    done, skipped = pieces(paths, check)
+    return '\n'.join([f"memory.py on {DEVICE}, eager and under autocast as a run runs it, "
+                      "against lime.py's definition in float32 on the CPU.", '',
+                      '| preset | bfloat16 | float32 |', '|---|---|---|',
+                      *[f"| {path} | {cells} |" for path, cells in done], *left_out(skipped)])
 
 
-def timed_steps(cfg, n_steps, B):
-    """n_steps training steps (AdamW) of a model of cfg with memory.py, on random tokens; on a
-    GPU compiled and in bf16 autocast, as train.py runs it. Returns each step's seconds, the peak
-    memory (GiB, on a GPU) and, compiled, what dynamo made of it."""
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    free_memory()
-    use_fused_kernels(True, DEVICE)
-    torch.manual_seed(0)
-    model = GPT(cfg).to(DEVICE).train()
-    optimizer = model.configure_optimizers(0.1, 3e-4, 3e-3, fused=ON_A_GPU)
-    step_model = compile_model(model) if ON_A_GPU else model
-    autocast = bf16_autocast() if ON_A_GPU else nullcontext()
-    x = torch.randint(0, cfg.vocab_size, (B, cfg.block_size + 1), device=DEVICE)
-    if ON_A_GPU:
-        torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(n_steps):
-        started = time.perf_counter()
-        with autocast:
-            _, loss = step_model(x[:, :-1], x[:, 1:])
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        loss.item()  # waits for the GPU
-        times.append(time.perf_counter() - started)
-    peak = torch.cuda.max_memory_allocated() / 2**30 if ON_A_GPU else None
-    return times, peak, dynamo_summary() if ON_A_GPU else 'eager'
+def run_for_the_time_left(arguments, **options):
+    """(a process's exit code, its stdout and stderr), or TimeUp where it runs to the deadline
+    (stopped then, with what it started: it runs in a session of its own)."""
+    process = subprocess.Popen(arguments, cwd=ROOT, text=True, start_new_session=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, **options)
+    try:
+        out, err = process.communicate(timeout=DEADLINE - time.time())
+        return process.returncode, out, err
+    except (subprocess.TimeoutExpired, TimeUp):
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        raise TimeUp() from None
 
 
-def deep_model(clock):
-    """Part 5: each router at 64 layers, with memory.py."""
-    values = preset_values(os.path.join(ROOT, 'config', 'deep.py'))
-    cfg = model_config(values, n_layer=64) if ON_A_GPU else model_config(values, **ON_A_CPU)
-    B = DEEP_BATCH if ON_A_GPU else 2
-    what = ("config/deep.py's model at 64 layers" if ON_A_GPU else
-            "on a CPU, a tiny model instead of config/deep.py's at 64 layers")
-    how = 'bf16, compiled' if ON_A_GPU else 'float32, eager'
-    lines = [f"{what} ({describe(cfg)}), {deep_steps} steps of {B} sequences of random tokens, "
-             f"memory.py, {how}.", '',
-             '| router | first step s | later step s | compile s | peak GiB | compiled as |',
-             '|---|---|---|---|---|---|']
-    skipped = []
-    for router in ('static', 'dynamic', 'none'):  # LIMe's first: what a short budget leaves out
-        if not clock.allows_another():
-            skipped.append(router)
-            continue
-        print(f"  {router}...", file=sys.stderr, flush=True)
-        with clock.piece():
-            times, peak, compiled = timed_steps(model_config(vars(cfg), router=router),
-                                                deep_steps, B)
-        later = statistics.median(times[1:]) if len(times) > 1 else None
-        compile_s = None if later is None or not ON_A_GPU else max(0.0, times[0] - later)
-        lines.append(f"| {router} | {times[0]:.2f} | {cell(later, '.2f')} | "
-                     f"{cell(compile_s, '.1f')} | {cell(peak, '.2f')} | {compiled} |")
-    return '\n'.join(lines + left_out(skipped))
-
-
-# -----------------------------------------------------------------------------
-# Part 6: the tests, beside the others
-
-
-def start_tests():
-    """tests/test_kernels.py in a process of its own, started now: on the CPU only (the GPU
-    hidden from it) and in two threads, to leave the GPU parts' timings alone. None without
-    pytest."""
-    if importlib.util.find_spec('pytest') is None:
-        return None
+def tests_part():
+    """tests/test_kernels.py on the CPU (the GPU hidden from it), in two threads: pytest's summary
+    line and its failures."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES='', OMP_NUM_THREADS='2',
-               TORCHINDUCTOR_COMPILE_THREADS='1',
-               COLUMNS='200')  # wide enough for pytest to say why each failure failed
-    output = tempfile.TemporaryFile('w+')  # not a pipe, which a long output would fill
-    process = subprocess.Popen([sys.executable, '-m', 'pytest', '-q', 'tests/test_kernels.py'],
-                               cwd=ROOT, stdout=output, stderr=subprocess.STDOUT, text=True,
-                               env=env)
-    return process, output
-
-
-def tests_result(started):
-    """pytest's summary line and its failures, once it has finished."""
-    if started is None:
-        return 'skipped: pytest is not installed (pip install pytest)'
-    process, output = started
-    process.wait()
-    output.seek(0)
-    lines = output.read().strip().splitlines()
+               TORCHINDUCTOR_COMPILE_THREADS='1', COLUMNS='200')  # wide: each failure's reason
+    code, out, err = run_for_the_time_left(
+        [sys.executable, '-m', 'pytest', '-q', 'tests/test_kernels.py'], env=env)
+    lines = (out + err).strip().splitlines() or ['no output']
     failures = [line for line in lines if line.startswith(('FAILED', 'ERROR'))]
-    summary = lines[-1] if lines else 'no output'
-    return '\n'.join([f"{'passed' if process.returncode == 0 else 'FAILED'}: {summary}",
-                      *failures])
+    return '\n'.join([f"{'passed' if code == 0 else 'FAILED'}: {lines[-1]}", *failures])
+
+
+def train_run(router, fused, data_dir):
+    """One train.py run under torchrun: (its val losses, its losses, tokens/s of the steps after
+    the first, compile s on a GPU) from its log.txt, or a line saying why it failed."""
+    out_dir = os.path.join(data_dir, f"{router}-{fused}")
+    arguments = [sys.executable, '-m', 'torch.distributed.run', '--standalone',
+                 '--nproc_per_node=1', 'train.py', preset, f'--router={router}',
+                 f'--data_dir={data_dir}', f'--out_dir={out_dir}', f'--max_iters={steps}',
+                 f'--eval_interval={steps}', '--eval_iters=2', '--log_interval=1',
+                 '--warmup_iters=0']  # no warmup: the few steps' learning rate moves the loss
+    arguments += [] if fused is None else [f'--fused={fused}']  # not the automatic choice
+    arguments += [] if ON_A_GPU else [f'--{key}={value}' for key, value in ON_A_CPU.items()]
+    code, _, stderr = run_for_the_time_left(arguments)
+    if code != 0:  # train.py's own `error:` line where it gave one
+        errors = [line for line in stderr.splitlines() if line.startswith('error: ')]
+        return f"FAILED: {(errors or [last_line(stderr)])[-1][:200]}"
+    records = read_log(out_dir)[1]
+    shutil.rmtree(out_dir)  # its checkpoint: GBs at gpt2's size, and of no use here
+    trained = [r for r in records if 'train_loss' in r]
+    later = statistics.median(r['ms_per_step'] for r in trained[1:] or trained) / 1000
+    return ([r['val_loss'] for r in records if 'val_loss' in r],
+            [r['train_loss'] for r in trained],
+            statistics.median(r['tokens_per_sec'] for r in trained[1:] or trained),
+            max(0.0, trained[0]['ms_per_step'] / 1000 - later) if ON_A_GPU else None)
+
+
+def train_py_part():
+    """train.py itself with each mix, end to end (evaluation, gradient accumulation, checkpoint),
+    on shards of random tokens from a quarter of the vocabulary (learnt within a few steps, so
+    the loss moves): a validation shard of 2 batches and a training shard of one step's."""
+    values = {**preset_values(os.path.join(ROOT, preset)), **({} if ON_A_GPU else ON_A_CPU)}
+    runs = [('none', None), ('static', False), ('static', True), ('dynamic', False),
+            ('dynamic', True)]  # fused: False the definition, True memory.py
+    rng = np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        for split, index, batches in (('val', 0, 2),
+                                      ('train', 1, values['gradient_accumulation_steps'])):
+            ids = rng.integers(0, values['vocab_size'] // 4,
+                               batches * values['batch_size'] * values['block_size'] + 1)
+            write_shard(shard_path(tmp, 'random', split, index), ids)
+        done, skipped = pieces(runs, lambda run: train_run(*run, tmp),
+                               lambda run: f"{run[0]} fused={run[1]}")
+    results = {run: r for run, r in done if isinstance(r, tuple)}
+    base = results.get(('none', None), [None] * 3)[2]
+    rows, gaps = [], []
+    for (router, fused), r in done:
+        if isinstance(r, str):
+            rows.append(f"| {router} | {fused} | {r} |")
+            continue
+        losses = [r[0][0], r[1][0], r[1][-1], r[0][-1]]
+        rows.append(f"| {router} | {fused} | " + ' | '.join(f"{v:.4f}" for v in losses)
+                    + f" | {r[2]:,.0f} | {cell(ratio(r[2], base), '.3f')} | {cell(r[3], '.1f')} |")
+        if fused and (router, False) in results:
+            other = results[router, False]
+            gap = max(abs(a - b) for a, b in zip(r[0] + r[1], other[0] + other[1]))
+            gaps.append(f"- {router}: the two mixes' losses differ by at most {gap:.4f} "
+                        f"({'within' if gap <= LOSS_GAP else 'NOT within'} {LOSS_GAP})")
+    return '\n'.join([
+        f"`torchrun --standalone --nproc_per_node=1 train.py {preset} --router=R --fused=F`, "
+        f"{values['batch_size']} sequences x {values['gradient_accumulation_steps']} micro-steps, "
+        f"{steps} steps after an evaluation, on random tokens.", '',
+        f"| router | fused | val loss, step 0 | loss, step 1 | loss, step {steps} | val loss, step "
+        f"{steps} | tokens/s | vs none | compile s |", '|---|---|---|---|---|---|---|---|---|',
+        *rows, '', *gaps, *left_out(skipped)])
 
 
 # -----------------------------------------------------------------------------
-
 
 def commit():
     """This checkout's commit, and whether its tracked files differ from it."""
@@ -852,62 +608,58 @@ def environment():
             f"{platform.python_version()}")
 
 
-PARTS = {'self_check': ('1. Self-check at every preset', self_checks),
-         'gradients': ('2. Gradients: compiled memory.py against the eager definition',
-                       gradients),
-         'training': ('3. Training with train.py: the definition vs memory.py, and the baseline',
-                      training),
-         'profile': ("4. Profile: the mix's kernels, and attention's backend", profile_part),
-         'deep': ('5. 64 layers: compile time and memory', deep_model),
-         'tests': ('6. Kernel tests', None)}
-
-
-def check_presets():
-    """Every preset this run reads, checked now, not after minutes of the parts before it."""
-    for path in [preset] + (presets.split(',') if presets else []):
-        if not os.path.isfile(os.path.join(ROOT, path)):
-            fail(f"preset not found: {path}")
-        try:
-            model_config(preset_values(os.path.join(ROOT, path)))
-        except (TypeError, ValueError) as e:  # a value of another type, or out of its range
-            fail(f"preset {path}: {e}")
+# This order is the error line's; --parts gives the order they run in
+PARTS = {'self_check': ('Self-check at every preset', self_check_part),
+         'gradients': ('Gradients at every preset', gradients_part),
+         'training': ('Training step: each mix', training_part),
+         'profile': ("Profile: the mix's kernels alone", profile_part),
+         'deep': ('64 layers: each mix',
+                  lambda: training_part(['config/deep.py'], DEEP_BATCH, deep_steps, n_layer=64)),
+         'tests': ('Kernel tests on the CPU', tests_part),
+         'train_py': ('train.py under torchrun', train_py_part)}
 
 
 def main():
+    global DEADLINE
     config, _, _ = configure(globals(), {'path': ['preset', 'report'], 'text': ['parts', 'presets'],
                                          'positive': ['steps', 'deep_steps', 'minutes']})
     globals().update(config)
-    if ON_A_GPU:  # float32 matmuls may use TF32, as in train.py (configurator.configure)
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     chosen = parts.split(',')
     for part in chosen:
         if part not in PARTS:
             fail(f"parts: {part!r} is not one of {', '.join(PARTS)}")
-    check_presets()
-    tests = start_tests() if 'tests' in chosen else None
-    text = ['# lab/gpu_check.py report', '', environment()]
-    crashed = []
-    check_started = time.time()
-    for name in chosen:
-        title, part = PARTS[name]
-        print(f"{title}...", file=sys.stderr, flush=True)
-        started = time.time()
-        clock = Clock(SHARES.get(name, 0) * minutes * 60)
+    for path in [preset] + (presets.split(',') if presets else []):  # now, not minutes later
         try:
-            body = tests_result(tests) if name == 'tests' else part(clock)
-        except Exception as e:  # the other parts' results still make the report
-            body = f"FAILED: {type(e).__name__}: {last_line(e)}"
-            crashed.append(name)
-        free_memory()
-        text += ['', f"## {title}", '', body, '', f"({name}: {time.time() - started:.0f} s)"]
-    text += ['', f"(all: {time.time() - check_started:.0f} s; budget {minutes:g} minutes)"]
-    text = '\n'.join(text) + '\n'
+            config_of(preset_values(os.path.join(ROOT, path)))
+        except (TypeError, ValueError) as e:  # a value of another type, or out of its range
+            fail(f"preset {path}: {e}")
+    started = time.time()
+    DEADLINE = started + 60 * minutes - 15  # the seconds of the imports before and the report
+    text, failed = ['# lab/gpu_check.py report', '', environment()], []
+    # The tests part, a process on the CPU, runs beside the others: started first
+    with ThreadPoolExecutor(1) as pool:
+        tests = pool.submit(tests_part) if 'tests' in chosen else None
+        for name in chosen:
+            title, part = PARTS[name]
+            print(f"{title}...", file=sys.stderr, flush=True)
+            part_started = time.time()
+            try:
+                body = tests.result() if name == 'tests' else part()
+            except TimeUp:  # the tests' process, stopped
+                body = 'stopped at the time limit'
+            except Exception as e:  # the other parts' results still make the report
+                body = f"FAILED: {type(e).__name__}: {last_line(e)}"
+            if 'FAILED' in body or 'NOT within' in body:
+                failed.append(name)
+            text += ['', f"## {title}", '', body, '',
+                     f"({name}: {time.time() - part_started:.0f} s)"]
+    text = '\n'.join(text + ['', f"(all: {time.time() - started:.0f} s of {minutes:g} minutes)"])
     print(text)
     with open(report, 'w', encoding='utf-8') as f:
-        f.write(text)
+        f.write(text + '\n')
     print(f"written to {report}", file=sys.stderr)
-    if crashed:
-        fail(f"{', '.join(crashed)}: stopped with an error (see the report)")
+    if failed:
+        fail(f"{', '.join(failed)}: a check failed, or a piece with an error (see the report)")
 
 
 if __name__ == '__main__':
