@@ -19,14 +19,18 @@ from dataclasses import fields
 
 import torch
 
-from configurator import check_memory, check_value, fail, or_fail, set_key
+from configurator import check_value, fail, or_fail, set_key
 from lime import GPTConfig, load_checkpoint, non_finite, save_checkpoint
+from memory import check_memory
 from prepare import lock, write_atomically
 
 # Settings that belong to the machine a run is on, not to the run: today's, also on a resume.
 MACHINE_KEYS = {'out_dir', 'init_from', 'overwrite', 'device', 'dtype', 'compile', 'fused',
                 'checkpoint_blocks', 'peak_flops'}
 CHECKPOINT_KEYS = ('optimizer', 'step', 'best_val_loss', 'config', 'data', 'rng')
+# What to lower where training does not fit: said before it starts, and when a step runs out
+LOWER_TO_FIT = ("lower batch_size (more gradient_accumulation_steps keep the step's tokens), "
+                "block_size or the model's size, or set checkpoint_blocks=True")
 
 
 def say(message):
@@ -51,7 +55,7 @@ def tune_cpu_allocator():
 
 def check_training_memory(gptconf, config, built):
     """Stop in one line, before the model is built on its device, where training it cannot fit
-    in the memory this process has left there (configurator.check_memory names the limit). It
+    in the memory this process has left there (memory.check_memory names the limit). It
     counts the weights, their gradients and AdamW's two moments, 4 bytes a number each, and a
     floor on what autograd keeps of one micro-batch for the backward pass: per token, 8 numbers
     of n_embd and 4 of mlp_hidden a layer (norms' inputs and outputs, queries, keys, values, the
@@ -69,8 +73,7 @@ def check_training_memory(gptconf, config, built):
     check_memory(4 * weights + activations - held, config['device'],
                  f"training's weights, gradients and AdamW moments ({4 * weights / gib:,.1f} GiB) "
                  f"and one micro-batch's activations (at least {activations / gib:,.1f} GiB)",
-                 "lower batch_size (more gradient_accumulation_steps keep the step's tokens), "
-                 "block_size or the model's size")
+                 LOWER_TO_FIT)
 
 
 def resume_settings(config, given, kinds):
@@ -383,6 +386,8 @@ class RunDir:
 
     def kept(self):
         """What out_dir holds of the run: said when it stops before its end."""
+        if self.saved_step is None and self.config['init_from'] == 'resume':  # before claim
+            return f"the checkpoint it resumed from ({self.ckpt_path}) is kept"
         if self.saved_step is None:
             return "no checkpoint was saved"
         return f"the last checkpoint ({self.ckpt_path}, step {self.saved_step}) is kept"

@@ -6,12 +6,14 @@ with the tokenizer the run trained with (GPT-2 BPE or bytes: train.py saves whic
     python sample.py --out_dir=out/cpu_demo --start="The for statement" --temperature=0
     python sample.py --out_dir=out/cpu_demo --start=FILE:prompt.txt --max_new_tokens=500
 """
+from configurator import configure, fail, or_fail, read_text  # first, before torch: see it
+
 import os
 
 import torch
 
-from configurator import check_memory, configure, fail, or_fail, read_text
 from lime import load_model, use_fused_kernels
+from memory import check_memory
 from prepare import BYTES_DOC, BYTES_VOCAB, decode_bytes, gpt2_encoding
 
 # -----------------------------------------------------------------------------

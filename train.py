@@ -10,6 +10,8 @@ out_dir/ckpt.pt is the checkpoint (--init_from=resume continues the run exactly,
 settings); out_dir/log.txt has a JSON object a line: the settings, then each log line's record.
 bookkeeping.py keeps them (and refuses to replace an earlier run): this file is the training.
 """
+from configurator import configure, fail, or_fail  # first, before torch: Ctrl-C is one line
+
 import math
 import os
 import time
@@ -23,8 +25,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import bookkeeping
-from configurator import configure, fail, or_fail
 from lime import GPT, GPTConfig, compile_model, use_fused_kernels
+from memory import out_of_memory_in_one_line
 from prepare import (BYTES_VOCAB, Batches, data_tokenizer, prepare_if_default, read_shard,
                      shard_paths, token_bytes)
 
@@ -185,7 +187,11 @@ if mc_interval:  # a multiple-choice task, scored during training: lab/evaluate.
 
 # -----------------------------------------------------------------------------
 # model and optimizer: what training holds must fit in this process's memory (checked first)
+run = bookkeeping.RunDir(config, master)  # out_dir: log.txt and ckpt.pt, which it keeps
 bookkeeping.check_training_memory(gptconf, config, built=model is not None)
+# The check counts a floor: memory that runs out all the same, here or at any step, ends the run in
+# one line naming what to lower, with out_dir's last checkpoint as it was.
+out_of_memory_in_one_line(bookkeeping.LOWER_TO_FIT, run.kept)
 if model is None:
     model = GPT(gptconf)
 model.to(device).train()
@@ -198,7 +204,6 @@ if checkpoint is not None:
     step = checkpoint['step']
     bookkeeping.restore_state(checkpoint, optimizer, train_batches, config)
 log(f"model: {model.num_params() / 1e6:.2f}M parameters, router={gptconf.router}")
-run = bookkeeping.RunDir(config, master)  # out_dir: log.txt and ckpt.pt, which it keeps
 run.claim(model, checkpoint)  # resumed: the checkpoint's step and evaluation
 checkpoint = None  # free the memory
 

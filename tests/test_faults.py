@@ -32,6 +32,7 @@ import torch
 import bookkeeping
 import configurator
 import lime
+import memory
 import prepare
 from test_train import ROOT, TINY, command, read_log, run, saved, train
 from test_train import data_dir  # noqa: F401 (a fixture)
@@ -674,29 +675,74 @@ def test_training_that_does_not_fit_under_ulimit_v_is_refused_naming_the_limit(d
     assert not (tmp_path / 'run').exists()
 
 
+# Runs train.py as SIGNALLING does, where the first training step runs out of memory: with 'cpu'
+# under an address-space limit that leaves it 64 MiB more (RLIMIT_AS, set as the step starts),
+# with 'gpu' as torch.OutOfMemoryError (what CUDA raises), raised there.
+OUT_OF_MEMORY = '''
+import resource, runpy, sys
+import torch
+import lime, memory
+WHERE = {where!r}
+forward = lime.GPT.forward
+
+def running_out(self, idx, targets=None):
+    if targets is not None and WHERE == 'cpu':
+        mapped, _ = memory.held_bytes()
+        resource.setrlimit(resource.RLIMIT_AS, (mapped + 64 * 2**20, resource.RLIM_INFINITY))
+    elif targets is not None:
+        raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 ...')
+    return forward(self, idx, targets)
+
+lime.GPT.forward = running_out
+sys.argv[0] = {train_py!r}
+runpy.run_path(sys.argv[0], run_name='__main__')
+'''
+
+
+@pytest.mark.parametrize('where', ['cpu', 'gpu'])
+def test_a_step_that_runs_out_of_memory_is_one_line_and_keeps_the_checkpoint(trained, tmp_path,
+                                                                              where):
+    out = tmp_path / 'run'
+    shutil.copytree(trained, out)
+    before = (out / 'ckpt.pt').read_bytes()
+    # 64 sequences a micro-step: the logits alone take 0.4 GiB, far past what the limit leaves
+    hook = OUT_OF_MEMORY.format(where=where, train_py=os.path.join(ROOT, 'train.py'))
+    result = subprocess.run([sys.executable, '-c', hook, f'--out_dir={out}', '--init_from=resume',
+                             '--device=cpu', '--max_iters=4', '--batch_size=64'],
+                            capture_output=True, text=True, cwd=ROOT, timeout=300,
+                            env={**os.environ, 'PYTHONPATH': ROOT})
+    assert result.returncode == 1, result.stderr
+    reason = {'cpu': r"torch could not allocate [\d.]+ GiB more on the CPU",
+              'gpu': "CUDA out of memory"}[where]
+    assert re.fullmatch(rf"error: out of memory \({reason}\): {re.escape(bookkeeping.LOWER_TO_FIT)}"
+                        rf"; the last checkpoint \({out}/ckpt.pt, step 2\) is kept",
+                        only_line(result.stderr)), result.stderr
+    assert (out / 'ckpt.pt').read_bytes() == before and no_temporaries(out)
+
+
 @pytest.mark.parametrize('version', ['v2', 'v1'])
 def test_a_cgroups_memory_limit_is_found_above_the_process_and_named(tmp_path, monkeypatch,
                                                                      version):
     # A scheduler's job (1 GiB) holds the process's own cgroup (no limit of its own)
-    proc, memory, name = {'v2': ('0::/job/step', '/sys/fs/cgroup', 'memory.max'),
-                          'v1': ('4:memory:/job/step', '/sys/fs/cgroup/memory',
-                                 'memory.limit_in_bytes')}[version]
-    files = {'/proc/self/cgroup': f'7:pids:/job\n{proc}\n', f'{memory}/job/{name}': '1073741824\n',
-             f'{memory}/job/step/{name}': 'max\n' if version == 'v2' else '9223372036854771712\n'}
+    proc, root, name = {'v2': ('0::/job/step', '/sys/fs/cgroup', 'memory.max'),
+                        'v1': ('4:memory:/job/step', '/sys/fs/cgroup/memory',
+                               'memory.limit_in_bytes')}[version]
+    files = {'/proc/self/cgroup': f'7:pids:/job\n{proc}\n', f'{root}/job/{name}': '1073741824\n',
+             f'{root}/job/step/{name}': 'max\n' if version == 'v2' else '9223372036854771712\n'}
 
     def fake_open(path, *args):
         if path not in files:
             raise FileNotFoundError(path)
         return io.StringIO(files[path])
 
-    monkeypatch.setattr(configurator, 'open', fake_open, raising=False)
-    assert configurator.cgroup_limit() == (2**30, f'{memory}/job/{name}')
-    monkeypatch.setattr(configurator, 'held_bytes', lambda: (0, 0))
-    assert configurator.memory_limit('cpu') == (
-        2**30, f"left to this process by its cgroup's limit ({memory}/job/{name}: 1.0 GiB)")
+    monkeypatch.setattr(memory, 'open', fake_open, raising=False)
+    assert memory.cgroup_limit() == (2**30, f'{root}/job/{name}')
+    monkeypatch.setattr(memory, 'held_bytes', lambda: (0, 0))
+    assert memory.memory_limit('cpu') == (
+        2**30, f"left to this process by its cgroup's limit ({root}/job/{name}: 1.0 GiB)")
     with pytest.raises(SystemExit, match=rf"^error: 2 GiB of samples take 2.0 GiB, more than the "
                                          rf"1.0 GiB left to this process by its cgroup's limit"):
-        configurator.check_memory(2 * 2**30, 'cpu', '2 GiB of samples')
+        memory.check_memory(2 * 2**30, 'cpu', '2 GiB of samples')
 
 
 # -----------------------------------------------------------------------------
