@@ -407,6 +407,35 @@ def test_ctrl_c_in_sample_py_is_one_line(tmp_path):
     assert only_line(result.stderr.split('\n', 1)[1]) == "interrupted: sample.py stopped"
 
 
+# Ctrl-C while a script is still importing: as torch or numpy (the first a script imports) starts
+# to be imported. `{run}` runs the script as python runs it.
+INTERRUPTED_IMPORTING = '''
+import os, runpy, signal, sys
+
+class CtrlC:
+    def find_spec(self, name, path=None, target=None):
+        if name in ('torch', 'numpy'):
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, CtrlC())
+{run}
+'''
+
+
+@pytest.mark.parametrize('script', ['train.py', 'sample.py', 'prepare.py', 'lab/evaluate.py'])
+def test_ctrl_c_while_a_script_imports_is_one_line(script):
+    run_it = (f"runpy.run_module('lab.evaluate', run_name='__main__')"  # python -m lab.evaluate
+              if script.startswith('lab/') else "runpy.run_path(sys.argv[0], run_name='__main__')")
+    run_it = f"sys.argv[0] = {os.path.join(ROOT, script)!r}\n{run_it}"  # as python sets it
+    result = subprocess.run([sys.executable, '-c', INTERRUPTED_IMPORTING.format(run=run_it)],
+                            capture_output=True, text=True, cwd=ROOT, timeout=300,
+                            env={**os.environ, 'PYTHONPATH': ROOT})
+    assert result.returncode == -signal.SIGINT, result.stderr  # 130 in a shell
+    assert only_line(result.stderr) == f"interrupted: {os.path.basename(script)} stopped"
+
+
 # -----------------------------------------------------------------------------
 # writes that fail
 
