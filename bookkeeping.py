@@ -15,6 +15,7 @@ import os
 import shlex
 import signal
 import sys
+import time
 from dataclasses import fields
 
 import torch
@@ -367,7 +368,7 @@ class RunDir:
     def stop(self, signum, step):
         """After the step in flight of a stop signal (Interrupts) and its save: one line saying
         what out_dir holds and how to go on, then the exit code a shell gives that signal (129 for
-        SIGHUP, 130 for SIGINT, 143 for SIGTERM)."""
+        SIGHUP, 130 for SIGINT, 138 for SIGUSR1, 143 for SIGTERM)."""
         if self.master:
             stopped = f"stopped by {signal.Signals(signum).name} at step {step}"
             if self.unsaved is None:
@@ -411,19 +412,25 @@ class RunDir:
 
 class Interrupts:
     """What stops a run from outside: Ctrl-C (SIGINT); SIGTERM, what a cluster's scheduler sends a
-    job some time before it kills it (SLURM at a time limit or to preempt it); SIGHUP, a terminal
-    that is gone (a lost ssh session), unless ignored (nohup). Before the training loop, when
-    there is nothing to save, one stops the run at once. From the loop on (after save_first) the
-    first is noted in `signal`, so that train.py finishes its step, saves a checkpoint as
-    RunDir.save's rule allows and stops (RunDir.stop); a second stops the run at once, the last
-    checkpoint kept whole. Under torchrun each process gets a signal twice, from the terminal or
-    the scheduler and from torchrun, which forwards it: there a second is ignored (torchrun kills
-    the processes 30 s after its own). An output that closes stops nothing (Output)."""
+    job some time before it kills it (SLURM at a time limit or to preempt it); SIGUSR1, SLURM's
+    warning that the time is nearly up (sbatch --signal=USR1@90); SIGHUP, a terminal that is gone
+    (a lost ssh session), unless ignored (nohup). Before the training loop, when there is nothing
+    to save, one stops the run at once. From the loop on (after save_first) the first is noted in
+    `signal`, so that train.py finishes its step, saves a checkpoint as RunDir.save's rule allows
+    and stops (RunDir.stop); a second stops the run at once, the last checkpoint kept whole.
+    The same signal again within SAME_REQUEST seconds is the same request, not a second: a job
+    script that forwards SIGTERM to train.py (trap 'kill -TERM $child' TERM) while the scheduler
+    signals the whole process group delivers it twice. Under torchrun each process gets a signal
+    twice, from the terminal or the scheduler and from torchrun, which forwards it: there any
+    second is ignored (torchrun kills the processes 30 s after its own). An output that closes
+    stops nothing (Output)."""
+    SAME_REQUEST = 1.0  # seconds; a person's second Ctrl-C takes longer, a forwarded copy less
 
     def __init__(self, ddp):
         self.ddp = ddp
         self.run = None  # the RunDir whose checkpoint a first signal saves, from the loop on
         self.signal = 0  # the number of that first signal; 0 while none has come
+        self.last = (0, -math.inf)  # the last signal to come and when (time.monotonic)
         self.stopping = False  # the run is stopping at once
         for signum in stop_signals():
             signal.signal(signum, self.note)
@@ -434,9 +441,12 @@ class Interrupts:
         self.run = run
 
     def note(self, signum, frame):
+        now = time.monotonic()
+        again = self.last[0] == signum and now - self.last[1] < self.SAME_REQUEST
+        self.last = (signum, now)
         if self.run is not None and not self.signal:
             self.signal = signum
-        elif not self.stopping and not (self.ddp and self.signal):
+        elif not self.stopping and not again and not (self.ddp and self.signal):
             self.stopping = True
             name = signal.Signals(signum).name
             if self.run is None:
@@ -452,11 +462,16 @@ class Interrupts:
 
 
 def stop_signals():
-    """The signals that stop a run with a save: SIGINT, SIGTERM and (not on Windows) SIGHUP,
-    unless this process was started to ignore it (nohup), as it then goes on doing."""
+    """The signals that stop a run with a save: SIGINT, SIGTERM and (not on Windows) SIGUSR1 and
+    SIGHUP, unless this process was started to ignore them (nohup), as it then goes on doing.
+    SIGUSR1 stops as SIGTERM does rather than save and train on: it comes a set time before the
+    job's end, and a run that stops then, saved, can be requeued or resumed (RunDir.stop's line),
+    where one that trains on loses its steps since to the kill, or is killed while it saves."""
     signums = [signal.SIGINT, signal.SIGTERM]
-    if hasattr(signal, 'SIGHUP') and signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
-        signums.append(signal.SIGHUP)
+    for name in ('SIGUSR1', 'SIGHUP'):
+        signum = getattr(signal, name, None)
+        if signum is not None and signal.getsignal(signum) != signal.SIG_IGN:
+            signums.append(signum)
     return signums
 
 

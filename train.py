@@ -115,9 +115,10 @@ config['lr_decay_iters'] = lr_decay_iters  # saved with the run: a resume keeps 
 # -----------------------------------------------------------------------------
 # setup: one process, or one per GPU under torchrun
 ddp = int(os.environ.get('RANK', -1)) != -1
-# Ctrl-C, SIGTERM (what a cluster's scheduler sends a job before it kills it) or SIGHUP (a lost
-# terminal): one line and the exit code a shell expects (130, 143, 129), never a traceback; from
-# the training loop on, with a save. An output that closes (a `| tee` gone) stops nothing.
+# Ctrl-C, SIGTERM (what a cluster's scheduler sends a job before it kills it), SIGUSR1 (SLURM's
+# warning that the time is nearly up) or SIGHUP (a lost terminal): one line and the exit code a
+# shell expects (130, 143, 138, 129), never a traceback; from the training loop on, with a save.
+# An output that closes (a `| tee` gone) stops nothing.
 interrupts = bookkeeping.Interrupts(ddp)
 device_type = 'cuda' if device.startswith('cuda') else 'cpu'
 rank = 0
@@ -230,7 +231,7 @@ def lr_factor(it):
 
 
 def stop_signal():
-    """The signal to stop at this step (SIGINT, SIGTERM, SIGHUP), 0 while none has come: under
+    """The signal to stop at this step (bookkeeping.stop_signals), 0 while none has come: under
     DDP the one any process got (one all_reduce of a number a step), so that all stop together."""
     if not ddp:
         return interrupts.signal
@@ -277,8 +278,8 @@ def evaluate():
 # -----------------------------------------------------------------------------
 # training loop
 start_step = step
-# From here Ctrl-C, SIGTERM or SIGHUP stops the run after the step in flight, with a checkpoint; a
-# second Ctrl-C stops it at once.
+# From here a stop signal ends the run after the step in flight, with a checkpoint; a second (not
+# the same one again at once, as a job script that forwards it sends it) stops it at once.
 interrupts.save_first(run)
 window_start = time.time()  # steps are timed over the window since the last log line
 window_steps = 0

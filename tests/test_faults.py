@@ -41,15 +41,18 @@ needs_gpt2 = pytest.mark.usefixtures('gpt2')  # skipped offline, saying why (con
 
 # Runs train.py as `python train.py ARGS` would (as the script of python or of torchrun), sending
 # this process the signal SIGNAL after its optimizer's AT-th step (on rank RANK only, if given),
-# and, with AGAIN, a second SIGINT once the checkpoint saved after that step has begun its write.
+# with TWICE twice in a row (a job script forwarding it, and the scheduler signalling the process
+# group), and, with AGAIN, a second SIGINT once the checkpoint saved after that step has begun its
+# write, later than SAME_REQUEST seconds after the first (sooner it would be the same request).
 # SPOIL, {step: what}, spoils what after that step (before the signal): 'nan' in one weight,
 # 'noise' in every weight (finite, a worse model), or a training shard (its path), replaced by the
 # file beside it named .new. SIGHUP is as a shell leaves it: SIG_IGN under nohup, else SIG_DFL.
 SIGNALLING = '''
-import os, runpy, signal, sys
+import os, runpy, signal, sys, time
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
-SIGNAL, AT, RANK, AGAIN, SPOIL = {signal}, {at}, {rank}, {again}, {spoil}
+import bookkeeping
+SIGNAL, AT, RANK, TWICE, AGAIN, SPOIL = {signal}, {at}, {rank}, {twice}, {again}, {spoil}
 signal.signal(signal.SIGHUP, signal.{sighup})
 steps = 0
 
@@ -59,7 +62,8 @@ def after_step(optimizer, args, kwargs):
     if steps in SPOIL:
         spoil(optimizer, SPOIL[steps])
     if steps == AT and RANK in (None, int(os.environ.get('RANK', 0))):
-        os.kill(os.getpid(), SIGNAL)
+        for _ in range(TWICE):
+            os.kill(os.getpid(), SIGNAL)
 
 @torch.no_grad()
 def spoil(optimizer, what):
@@ -78,6 +82,7 @@ class Interrupted:
         self.f = f
     def write(self, data):
         written = self.f.write(data)
+        time.sleep(bookkeeping.Interrupts.SAME_REQUEST)
         os.kill(os.getpid(), signal.SIGINT)
         return written
     def flush(self):
@@ -94,12 +99,13 @@ runpy.run_path(sys.argv[0], run_name='__main__')
 '''
 
 
-def signalling(tmp_path, *args, signum=0, at=0, rank=None, again=False, spoil=None, nohup=False,
-               torchrun=False):
+def signalling(tmp_path, *args, signum=0, at=0, rank=None, twice=False, again=False, spoil=None,
+               nohup=False, torchrun=False):
     """(the command that runs train.py with args as SIGNALLING says, its environment)."""
     hook = tmp_path / 'signalling.py'
-    hook.write_text(SIGNALLING.format(signal=int(signum), at=at, rank=rank, again=again,
-                                      spoil=spoil or {}, sighup='SIG_IGN' if nohup else 'SIG_DFL',
+    hook.write_text(SIGNALLING.format(signal=int(signum), at=at, rank=rank, twice=1 + twice,
+                                      again=again, spoil=spoil or {},
+                                      sighup='SIG_IGN' if nohup else 'SIG_DFL',
                                       train_py=os.path.join(ROOT, 'train.py')))
     launcher, env = [sys.executable], {**os.environ, 'PYTHONPATH': ROOT}
     if torchrun:  # one thread each: two processes share the machine
@@ -156,6 +162,20 @@ def test_sigterm_saves_the_step_in_flight_and_the_resume_it_names_trains_on_exac
     assert command[1:] == [os.path.join(ROOT, 'train.py'), f'--out_dir={out}', '--init_from=resume']
     run('train.py', *command[2:], '--device=cpu')
     assert read_log(out) == read_log(tmp_path / 'whole')  # every loss, as if never stopped
+
+
+@pytest.mark.parametrize('signum, twice', [(signal.SIGTERM, True), (signal.SIGUSR1, False)])
+def test_a_clusters_signals_save_the_step_in_flight_and_stop(data_dir, tmp_path, signum, twice):
+    # SIGTERM twice at once (forwarded by a job script, and sent to the process group) is one
+    # request; SIGUSR1 (sbatch --signal=USR1@90, the time nearly up) stops as SIGTERM does
+    out = tmp_path / 'run'
+    result = signalled(tmp_path, *TINY, f'--data_dir={data_dir}', f'--out_dir={out}',
+                       '--max_iters=8', '--eval_interval=4', signum=signum, at=3, twice=twice)
+    assert result.returncode == 128 + signum, result.stderr
+    assert only_line(result.stderr) == (
+        f"stopped by {signal.Signals(signum).name} at step 3, its checkpoint saved to "
+        f"{out}/ckpt.pt: resume with python {ROOT}/train.py --out_dir={out} --init_from=resume")
+    assert saved(out)['step'] == 3 and max(read_log(out)[0]) == 3
 
 
 def test_a_second_ctrl_c_or_a_full_disk_during_a_save_keeps_the_last_checkpoint(trained, tmp_path):
