@@ -7,12 +7,15 @@ stops the run with the last good checkpoint kept.
     out_dir/ckpt.pt   the checkpoint (lime.save_checkpoint), with what a resumed run needs
     out_dir/log.txt   a JSON object a line: the run's settings first, then each log line's record
 """
+import atexit
+import contextlib
 import ctypes
 import glob
 import json
 import math
 import os
 import shlex
+import shutil
 import signal
 import sys
 import time
@@ -179,6 +182,7 @@ class RunDir:
         self.evaluated = None  # the run's last evaluation: (step, val loss)
         self.best_val_loss = float('inf')  # the least val loss of the run's evaluations
         self.unsaved = None  # why the last save kept the checkpoint there: RunDir.stop says it
+        self.replaced = []  # the files of the run that --overwrite=True replaces, moved aside
 
     def claim(self, model, checkpoint=None):
         """Lock out_dir while this process lives, so that a second run into it is refused, and
@@ -243,6 +247,9 @@ class RunDir:
                      "(WANDB_MODE=offline logs without an account)")
 
     def clear_for_scratch(self, had_log):
+        """Refuse a run already in out_dir, or with --overwrite=True move it aside (out_dir/replaced)
+        until this run saves its first checkpoint: a run that fails before then (an error, a
+        loss that blows up, a stop signal) leaves the old one as it was (put_back)."""
         held = []
         if os.path.exists(self.ckpt_path):
             held.append('ckpt.pt')
@@ -254,9 +261,31 @@ class RunDir:
             fail(f"{self.out_dir} holds a run ({', '.join(held)}): continue it with "
                  "--init_from=resume, train into another --out_dir, or replace it with "
                  "--overwrite=True")
-        say(f"note: --overwrite=True: replacing the run in {self.out_dir}")
-        if 'ckpt.pt' in held:
-            os.remove(self.ckpt_path)
+        aside = os.path.join(self.out_dir, 'replaced')
+        try:
+            os.mkdir(aside)
+        except FileExistsError:  # left by a run killed (SIGKILL) before its first checkpoint
+            fail(f"{aside} holds a run that an earlier --overwrite=True moved aside: move its "
+                 "files back into out_dir (its own run) or delete it, then run this again")
+        for name in held:
+            os.replace(os.path.join(self.out_dir, name), os.path.join(aside, name))
+        self.replaced = held
+        atexit.register(self.put_back)
+        say(f"note: --overwrite=True: the run in {self.out_dir} is moved to {aside} and deleted "
+            "when this run saves its first checkpoint")
+
+    def put_back(self):
+        """At exit, if this run saved no checkpoint: the run it was to replace, back as it was."""
+        if not self.replaced:
+            return
+        aside = os.path.join(self.out_dir, 'replaced')
+        if 'log.txt' not in self.replaced:  # this run's log would sit beside the old checkpoint
+            with contextlib.suppress(FileNotFoundError):  # (unless it failed before writing one)
+                os.remove(os.path.join(self.out_dir, 'log.txt'))
+        for name in self.replaced:
+            os.replace(os.path.join(aside, name), os.path.join(self.out_dir, name))
+        os.rmdir(aside)
+        say(f"note: {self.out_dir} holds the run it held before, as it was")
 
     def write(self, record):
         """Add a record (a dict) to log.txt."""
@@ -347,6 +376,9 @@ class RunDir:
             except OSError as e:  # a full disk, say: the previous checkpoint is still whole
                 fail(f"could not write {self.ckpt_path}: {e.strerror}")
             say(f"saved checkpoint to {self.ckpt_path}")
+            if self.replaced:  # this run has a checkpoint of its own: the one it replaces goes
+                shutil.rmtree(os.path.join(self.out_dir, 'replaced'))
+                self.replaced = []
         self.saved_step, self.saved_loss = step, self.evaluated[1]
 
     def no_better(self):

@@ -264,6 +264,23 @@ def test_a_checkpoint_is_replaced_only_by_finite_weights_and_as_asked_by_a_bette
         run_dir.lock.close()
 
 
+def test_overwrite_keeps_the_old_run_until_the_new_one_has_saved(trained, data_dir, tmp_path):
+    out = tmp_path / 'run'
+    shutil.copytree(trained, out)
+    before = {name: (out / name).read_bytes() for name in ('ckpt.pt', 'log.txt')}
+    new_run = [*TINY, f'--data_dir={data_dir}', f'--out_dir={out}', '--overwrite=True',
+               '--max_iters=4', '--eval_interval=4']
+    # The new run diverges at step 2, before its first checkpoint: the old run is back, whole
+    result = signalled(tmp_path, *new_run, spoil={1: 'nan'})
+    assert result.returncode == 1
+    assert only_line(result.stderr).startswith("error: the training loss is nan at step 2")
+    assert {name: (out / name).read_bytes() for name in before} == before
+    assert sorted(os.listdir(out)) == ['.lock', 'ckpt.pt', 'log.txt']
+    # Once the new run has saved, the old one is gone
+    run('train.py', *new_run)
+    assert saved(out)['step'] == 4 and sorted(os.listdir(out)) == ['.lock', 'ckpt.pt', 'log.txt']
+
+
 def test_a_run_started_under_nohup_goes_on_through_sighup(data_dir, tmp_path):
     out = tmp_path / 'run'
     result = signalled(tmp_path, *TINY, f'--data_dir={data_dir}', f'--out_dir={out}',
