@@ -247,9 +247,9 @@ class RunDir:
                      "(WANDB_MODE=offline logs without an account)")
 
     def clear_for_scratch(self, had_log):
-        """Refuse a run already in out_dir, or with --overwrite=True move it aside (out_dir/replaced)
-        until this run saves its first checkpoint: a run that fails before then (an error, a
-        loss that blows up, a stop signal) leaves the old one as it was (put_back)."""
+        """Refuse a run already in out_dir, or with --overwrite=True move it aside, to
+        out_dir/replaced, until this run saves its first checkpoint: a run that fails before then
+        (an error, a loss that blows up, a stop signal) leaves the old one as it was (put_back)."""
         held = []
         if os.path.exists(self.ckpt_path):
             held.append('ckpt.pt')
