@@ -169,9 +169,10 @@ class RunDir:
     """out_dir, as the home of one run. Only rank 0 writes there: on the others the methods keep
     track of the checkpoint (which the processes decide alike) and stop_if_not_finite stops."""
 
-    def __init__(self, config, master=True):
+    def __init__(self, config, master=True, measure=None):
         self.config = config
         self.master = master
+        self.measure = measure  # how the run's val losses are measured (train.py's val_measure)
         self.out_dir = config['out_dir']
         self.ckpt_path = os.path.join(self.out_dir, 'ckpt.pt')
         self.lock = None  # out_dir's lock file, held while this process lives
@@ -369,8 +370,8 @@ class RunDir:
                    'cuda': torch.cuda.get_rng_state() if on_cuda else None}
             val_step, val_loss = self.evaluated
             state = dict(optimizer=optimizer.state_dict(), step=step, rng=rng, val_loss=val_loss,
-                         val_step=val_step, best_val_loss=self.best_val_loss, config=self.config,
-                         data=batches.state())
+                         val_step=val_step, val_measure=self.measure,
+                         best_val_loss=self.best_val_loss, config=self.config, data=batches.state())
             try:
                 write_atomically(self.ckpt_path, lambda f: save_checkpoint(f, model, **state))
             except OSError as e:  # a full disk, say: the previous checkpoint is still whole
@@ -380,6 +381,23 @@ class RunDir:
                 shutil.rmtree(os.path.join(self.out_dir, 'replaced'))
                 self.replaced = []
         self.saved_step, self.saved_loss = step, self.evaluated[1]
+
+    def measured_otherwise(self, checkpoint):
+        """Whether, with always_save_checkpoint=False, the checkpoint resumed from has a val loss
+        measured otherwise than this run's evaluations (eval_iters, batch_size, block_size or the
+        validation data changed; older checkpoints do not say): losses over other batches do not
+        compare, so its weights are to be measured again (remeasured) before any evaluation may
+        replace it."""
+        return (checkpoint is not None and not self.config['always_save_checkpoint']
+                and checkpoint.get('val_measure') != self.measure)
+
+    def remeasured(self, val_loss):
+        """val_loss: the checkpoint's weights, evaluated as this run evaluates: the loss to beat."""
+        say(f"note: the checkpoint's val loss ({self.saved_loss:.4f}) was measured on other "
+            f"validation batches than this run's: on these its weights score {val_loss:.4f}, "
+            "which an evaluation must beat to replace it")
+        self.saved_loss = self.best_val_loss = val_loss
+        self.evaluated = (self.saved_step, val_loss)
 
     def no_better(self):
         """With always_save_checkpoint=False and a checkpoint in out_dir, why the run's last

@@ -15,6 +15,7 @@ from configurator import configure, fail, or_fail  # first, before torch: Ctrl-C
 import math
 import os
 import time
+import zlib
 from contextlib import nullcontext
 from dataclasses import fields
 
@@ -175,6 +176,9 @@ if val_batches < eval_iters:
     log(f"note: the validation shard fits only {val_batches} of eval_iters={eval_iters} batches")
 # What every evaluation reads, copied into memory: nothing done to the file can change it now
 val_tokens = np.array(val_tokens[:val_batches * B * T + 1])
+# and how, saved with each checkpoint: only val losses measured the same way compare (RunDir.save)
+val_measure = {'batches': val_batches, 'batch_size': B, 'block_size': T,
+               'tokens': zlib.crc32(val_tokens.tobytes())}
 # Bits per byte needs each token's UTF-8 bytes: known for GPT-2, bytes, and arith.py's characters.
 byte_counts, why = token_bytes(vocab_size, data_dir)
 if byte_counts is None:
@@ -188,7 +192,7 @@ if mc_interval:  # a multiple-choice task, scored during training: lab/evaluate.
 
 # -----------------------------------------------------------------------------
 # model and optimizer: what training holds must fit in this process's memory (checked first)
-run = bookkeeping.RunDir(config, master)  # out_dir: log.txt and ckpt.pt, which it keeps
+run = bookkeeping.RunDir(config, master, val_measure)  # out_dir: log.txt and ckpt.pt, kept
 bookkeeping.check_training_memory(gptconf, config, built=model is not None)
 # The check counts a floor: memory that runs out all the same, here or at any step, ends the run in
 # one line naming what to lower, with out_dir's last checkpoint as it was.
@@ -206,6 +210,7 @@ if checkpoint is not None:
     bookkeeping.restore_state(checkpoint, optimizer, train_batches, config)
 log(f"model: {model.num_params() / 1e6:.2f}M parameters, router={gptconf.router}")
 run.claim(model, checkpoint)  # resumed: the checkpoint's step and evaluation
+remeasure = run.measured_otherwise(checkpoint)  # its val loss is not comparable with this run's
 checkpoint = None  # free the memory
 
 raw_model = model  # the model itself: its state dict is what checkpoints hold
@@ -278,6 +283,8 @@ def evaluate():
 # -----------------------------------------------------------------------------
 # training loop
 start_step = step
+if remeasure:  # the checkpoint's weights, evaluated as this run evaluates: the loss to beat
+    run.remeasured(evaluate()[0])
 # From here a stop signal ends the run after the step in flight, with a checkpoint; a second (not
 # the same one again at once, as a job script that forwards it sends it) stops it at once.
 interrupts.save_first(run)

@@ -330,6 +330,30 @@ def test_with_always_save_checkpoint_false_a_stop_keeps_the_best_checkpoint(data
     assert (kept['step'], kept['val_loss']) == (best, val[best])  # what sample.py says of it
 
 
+def test_a_resume_that_evaluates_other_batches_measures_the_best_checkpoint_again(trained, data_dir,
+                                                                                  tmp_path):
+    out = tmp_path / 'run'
+    shutil.copytree(trained, out)
+    before = (out / 'ckpt.pt').read_bytes()
+    # Its val loss is over TINY's 2 validation batches; the first alone, as the resume evaluates:
+    model, _ = lime.load_checkpoint(str(out / 'ckpt.pt'), 'cpu')
+    val = prepare.read_shard(prepare.shard_paths(data_dir, 'val')[0])
+    tokens = torch.from_numpy(val[:4 * 32 + 1].astype(np.int64))  # TINY: batch 4, block 32
+    with torch.no_grad():
+        first_batch = model(tokens[:-1].view(4, 32), tokens[1:].view(4, 32))[1].item()
+    # Noise in every weight after step 3 makes step 4's evaluation worse; SIGTERM after step 5
+    result = signalled(tmp_path, f'--out_dir={out}', '--init_from=resume', '--device=cpu',
+                       '--always_save_checkpoint=False', '--eval_iters=1', '--max_iters=8',
+                       signum=signal.SIGTERM, at=3, spoil={1: 'noise'})
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr
+    assert "note: the checkpoint's val loss" in result.stdout
+    # The loss to beat is the checkpoint's weights on that one batch, not its loss over two
+    to_beat = re.search(r"ckpt\.pt, step 2, val loss ([\d.]+)\), and the last evaluation "
+                        r"\(step 4, ", only_line(result.stderr))
+    assert to_beat and abs(float(to_beat[1]) - first_batch) < 1e-3, (result.stderr, first_batch)
+    assert (out / 'ckpt.pt').read_bytes() == before
+
+
 # -----------------------------------------------------------------------------
 # outputs that close under a run: a `| tee` stopped by the same Ctrl-C, a `| head`, a lost terminal
 
