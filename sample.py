@@ -5,8 +5,11 @@ with the tokenizer the run trained with (GPT-2 BPE or bytes: train.py saves whic
     python sample.py --out_dir=out/cpu_demo
     python sample.py --out_dir=out/cpu_demo --start="The for statement" --temperature=0
     python sample.py --out_dir=out/cpu_demo --start=FILE:prompt.txt --max_new_tokens=500
+
+A --start that is not UTF-8 (typed in a Latin-1 terminal) is taken as its bytes: as they are by
+the byte tokenizer, with U+FFFD for those that are not UTF-8 by GPT-2's, with a note.
 """
-from configurator import configure, fail, or_fail, read_text  # first, before torch: see it
+from configurator import configure, fail, or_fail, read_text  # first: Ctrl-C is one line
 
 import os
 import sys

@@ -80,7 +80,7 @@ def test_the_readme_states_the_reading_path_as_measured():
     readme = (ROOT / 'README.md').read_text(encoding='utf-8')
     stated = re.search(r'a reader visits (\d+) lines\s+in 4 files: `train.py` \((\d+)\), what the '
                        r'run uses of `lime.py` \((\d+)\), `prepare.py`.s `Batches` and\s+helpers '
-                       r'\((\d+)\), `configure` and `memory_limit` \((\d+)\); (\d+) with those '
+                       r'\((\d+)\), `configure` \((\d+)\); (\d+) with those '
                        r'helpers', readme)
     assert stated, "the README's reading order no longer states the path"
     told = [int(number) for number in stated.groups()]
