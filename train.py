@@ -210,7 +210,7 @@ if checkpoint is not None:
     bookkeeping.restore_state(checkpoint, optimizer, train_batches, config)
 log(f"model: {model.num_params() / 1e6:.2f}M parameters, router={gptconf.router}")
 run.claim(model, checkpoint)  # resumed: the checkpoint's step and evaluation
-remeasure = run.measured_otherwise(checkpoint)  # its val loss is not comparable with this run's
+remeasure = run.measured_otherwise(checkpoint)  # its val loss taken over other batches?
 checkpoint = None  # free the memory
 
 raw_model = model  # the model itself: its state dict is what checkpoints hold
