@@ -7,26 +7,34 @@ stops the run with the last good checkpoint kept.
     out_dir/ckpt.pt   the checkpoint (lime.save_checkpoint), with what a resumed run needs
     out_dir/log.txt   a JSON object a line: the run's settings first, then each log line's record
 """
+import atexit
+import contextlib
 import ctypes
 import glob
 import json
 import math
 import os
 import shlex
+import shutil
 import signal
 import sys
+import time
 from dataclasses import fields
 
 import torch
 
-from configurator import check_memory, check_value, fail, or_fail, set_key
+from configurator import check_value, fail, or_fail, set_key
 from lime import GPTConfig, load_checkpoint, non_finite, save_checkpoint
+from memory import check_memory
 from prepare import lock, write_atomically
 
 # Settings that belong to the machine a run is on, not to the run: today's, also on a resume.
 MACHINE_KEYS = {'out_dir', 'init_from', 'overwrite', 'device', 'dtype', 'compile', 'fused',
                 'checkpoint_blocks', 'peak_flops'}
 CHECKPOINT_KEYS = ('optimizer', 'step', 'best_val_loss', 'config', 'data', 'rng')
+# What to lower where training does not fit: said before it starts, and when a step runs out
+LOWER_TO_FIT = ("lower batch_size (more gradient_accumulation_steps keep the step's tokens), "
+                "block_size or the model's size, or set checkpoint_blocks=True")
 
 
 def say(message):
@@ -51,7 +59,7 @@ def tune_cpu_allocator():
 
 def check_training_memory(gptconf, config, built):
     """Stop in one line, before the model is built on its device, where training it cannot fit
-    in the memory this process has left there (configurator.check_memory names the limit). It
+    in the memory this process has left there (memory.check_memory names the limit). It
     counts the weights, their gradients and AdamW's two moments, 4 bytes a number each, and a
     floor on what autograd keeps of one micro-batch for the backward pass: per token, 8 numbers
     of n_embd and 4 of mlp_hidden a layer (norms' inputs and outputs, queries, keys, values, the
@@ -69,8 +77,7 @@ def check_training_memory(gptconf, config, built):
     check_memory(4 * weights + activations - held, config['device'],
                  f"training's weights, gradients and AdamW moments ({4 * weights / gib:,.1f} GiB) "
                  f"and one micro-batch's activations (at least {activations / gib:,.1f} GiB)",
-                 "lower batch_size (more gradient_accumulation_steps keep the step's tokens), "
-                 "block_size or the model's size")
+                 LOWER_TO_FIT)
 
 
 def resume_settings(config, given, kinds):
@@ -162,9 +169,10 @@ class RunDir:
     """out_dir, as the home of one run. Only rank 0 writes there: on the others the methods keep
     track of the checkpoint (which the processes decide alike) and stop_if_not_finite stops."""
 
-    def __init__(self, config, master=True):
+    def __init__(self, config, master=True, measure=None):
         self.config = config
         self.master = master
+        self.measure = measure  # how the run's val losses are measured (train.py's val_measure)
         self.out_dir = config['out_dir']
         self.ckpt_path = os.path.join(self.out_dir, 'ckpt.pt')
         self.lock = None  # out_dir's lock file, held while this process lives
@@ -175,6 +183,7 @@ class RunDir:
         self.evaluated = None  # the run's last evaluation: (step, val loss)
         self.best_val_loss = float('inf')  # the least val loss of the run's evaluations
         self.unsaved = None  # why the last save kept the checkpoint there: RunDir.stop says it
+        self.replaced = []  # the files of the run that --overwrite=True replaces, moved aside
 
     def claim(self, model, checkpoint=None):
         """Lock out_dir while this process lives, so that a second run into it is refused, and
@@ -239,6 +248,9 @@ class RunDir:
                      "(WANDB_MODE=offline logs without an account)")
 
     def clear_for_scratch(self, had_log):
+        """Refuse a run already in out_dir, or with --overwrite=True move it aside, to
+        out_dir/replaced, until this run saves its first checkpoint: a run that fails before then
+        (an error, a loss that blows up, a stop signal) leaves the old one as it was (put_back)."""
         held = []
         if os.path.exists(self.ckpt_path):
             held.append('ckpt.pt')
@@ -250,9 +262,31 @@ class RunDir:
             fail(f"{self.out_dir} holds a run ({', '.join(held)}): continue it with "
                  "--init_from=resume, train into another --out_dir, or replace it with "
                  "--overwrite=True")
-        say(f"note: --overwrite=True: replacing the run in {self.out_dir}")
-        if 'ckpt.pt' in held:
-            os.remove(self.ckpt_path)
+        aside = os.path.join(self.out_dir, 'replaced')
+        try:
+            os.mkdir(aside)
+        except FileExistsError:  # left by a run killed (SIGKILL) before its first checkpoint
+            fail(f"{aside} holds a run that an earlier --overwrite=True moved aside: move its "
+                 "files back into out_dir (its own run) or delete it, then run this again")
+        for name in held:
+            os.replace(os.path.join(self.out_dir, name), os.path.join(aside, name))
+        self.replaced = held
+        atexit.register(self.put_back)
+        say(f"note: --overwrite=True: the run in {self.out_dir} is moved to {aside} and deleted "
+            "when this run saves its first checkpoint")
+
+    def put_back(self):
+        """At exit, if this run saved no checkpoint: the run it was to replace, back as it was."""
+        if not self.replaced:
+            return
+        aside = os.path.join(self.out_dir, 'replaced')
+        if 'log.txt' not in self.replaced:  # this run's log would sit beside the old checkpoint
+            with contextlib.suppress(FileNotFoundError):  # (unless it failed before writing one)
+                os.remove(os.path.join(self.out_dir, 'log.txt'))
+        for name in self.replaced:
+            os.replace(os.path.join(aside, name), os.path.join(self.out_dir, name))
+        os.rmdir(aside)
+        say(f"note: {self.out_dir} holds the run it held before, as it was")
 
     def write(self, record):
         """Add a record (a dict) to log.txt."""
@@ -336,14 +370,34 @@ class RunDir:
                    'cuda': torch.cuda.get_rng_state() if on_cuda else None}
             val_step, val_loss = self.evaluated
             state = dict(optimizer=optimizer.state_dict(), step=step, rng=rng, val_loss=val_loss,
-                         val_step=val_step, best_val_loss=self.best_val_loss, config=self.config,
-                         data=batches.state())
+                         val_step=val_step, val_measure=self.measure,
+                         best_val_loss=self.best_val_loss, config=self.config, data=batches.state())
             try:
                 write_atomically(self.ckpt_path, lambda f: save_checkpoint(f, model, **state))
             except OSError as e:  # a full disk, say: the previous checkpoint is still whole
                 fail(f"could not write {self.ckpt_path}: {e.strerror}")
             say(f"saved checkpoint to {self.ckpt_path}")
+            if self.replaced:  # this run has a checkpoint of its own: the one it replaces goes
+                shutil.rmtree(os.path.join(self.out_dir, 'replaced'))
+                self.replaced = []
         self.saved_step, self.saved_loss = step, self.evaluated[1]
+
+    def measured_otherwise(self, checkpoint):
+        """Whether, with always_save_checkpoint=False, the checkpoint resumed from has a val loss
+        measured otherwise than this run's evaluations (eval_iters, batch_size, block_size or the
+        validation data changed; older checkpoints do not say): losses over other batches do not
+        compare, so its weights are to be measured again (remeasured) before any evaluation may
+        replace it."""
+        return (checkpoint is not None and not self.config['always_save_checkpoint']
+                and checkpoint.get('val_measure') != self.measure)
+
+    def remeasured(self, val_loss):
+        """val_loss: the checkpoint's weights, evaluated as this run evaluates: the loss to beat."""
+        say(f"note: the checkpoint's val loss ({self.saved_loss:.4f}) was measured on other "
+            f"validation batches than this run's: on these its weights score {val_loss:.4f}, "
+            "which an evaluation must beat to replace it")
+        self.saved_loss = self.best_val_loss = val_loss
+        self.evaluated = (self.saved_step, val_loss)
 
     def no_better(self):
         """With always_save_checkpoint=False and a checkpoint in out_dir, why the run's last
@@ -364,7 +418,7 @@ class RunDir:
     def stop(self, signum, step):
         """After the step in flight of a stop signal (Interrupts) and its save: one line saying
         what out_dir holds and how to go on, then the exit code a shell gives that signal (129 for
-        SIGHUP, 130 for SIGINT, 143 for SIGTERM)."""
+        SIGHUP, 130 for SIGINT, 138 for SIGUSR1, 143 for SIGTERM)."""
         if self.master:
             stopped = f"stopped by {signal.Signals(signum).name} at step {step}"
             if self.unsaved is None:
@@ -383,6 +437,8 @@ class RunDir:
 
     def kept(self):
         """What out_dir holds of the run: said when it stops before its end."""
+        if self.saved_step is None and self.config['init_from'] == 'resume':  # before claim
+            return f"the checkpoint it resumed from ({self.ckpt_path}) is kept"
         if self.saved_step is None:
             return "no checkpoint was saved"
         return f"the last checkpoint ({self.ckpt_path}, step {self.saved_step}) is kept"
@@ -406,19 +462,25 @@ class RunDir:
 
 class Interrupts:
     """What stops a run from outside: Ctrl-C (SIGINT); SIGTERM, what a cluster's scheduler sends a
-    job some time before it kills it (SLURM at a time limit or to preempt it); SIGHUP, a terminal
-    that is gone (a lost ssh session), unless ignored (nohup). Before the training loop, when
-    there is nothing to save, one stops the run at once. From the loop on (after save_first) the
-    first is noted in `signal`, so that train.py finishes its step, saves a checkpoint as
-    RunDir.save's rule allows and stops (RunDir.stop); a second stops the run at once, the last
-    checkpoint kept whole. Under torchrun each process gets a signal twice, from the terminal or
-    the scheduler and from torchrun, which forwards it: there a second is ignored (torchrun kills
-    the processes 30 s after its own). An output that closes stops nothing (Output)."""
+    job some time before it kills it (SLURM at a time limit or to preempt it); SIGUSR1, SLURM's
+    warning that the time is nearly up (sbatch --signal=USR1@90); SIGHUP, a terminal that is gone
+    (a lost ssh session), unless ignored (nohup). Before the training loop, when there is nothing
+    to save, one stops the run at once. From the loop on (after save_first) the first is noted in
+    `signal`, so that train.py finishes its step, saves a checkpoint as RunDir.save's rule allows
+    and stops (RunDir.stop); a second stops the run at once, the last checkpoint kept whole.
+    The same signal again within SAME_REQUEST seconds is the same request, not a second: a job
+    script that forwards SIGTERM to train.py (trap 'kill -TERM $child' TERM) while the scheduler
+    signals the whole process group delivers it twice. Under torchrun each process gets a signal
+    twice, from the terminal or the scheduler and from torchrun, which forwards it: there any
+    second is ignored (torchrun kills the processes 30 s after its own). An output that closes
+    stops nothing (Output)."""
+    SAME_REQUEST = 1.0  # seconds; a person's second Ctrl-C takes longer, a forwarded copy less
 
     def __init__(self, ddp):
         self.ddp = ddp
         self.run = None  # the RunDir whose checkpoint a first signal saves, from the loop on
         self.signal = 0  # the number of that first signal; 0 while none has come
+        self.last = (0, -math.inf)  # the last signal to come and when (time.monotonic)
         self.stopping = False  # the run is stopping at once
         for signum in stop_signals():
             signal.signal(signum, self.note)
@@ -429,9 +491,12 @@ class Interrupts:
         self.run = run
 
     def note(self, signum, frame):
+        now = time.monotonic()
+        again = self.last[0] == signum and now - self.last[1] < self.SAME_REQUEST
+        self.last = (signum, now)
         if self.run is not None and not self.signal:
             self.signal = signum
-        elif not self.stopping and not (self.ddp and self.signal):
+        elif not self.stopping and not again and not (self.ddp and self.signal):
             self.stopping = True
             name = signal.Signals(signum).name
             if self.run is None:
@@ -447,11 +512,16 @@ class Interrupts:
 
 
 def stop_signals():
-    """The signals that stop a run with a save: SIGINT, SIGTERM and (not on Windows) SIGHUP,
-    unless this process was started to ignore it (nohup), as it then goes on doing."""
+    """The signals that stop a run with a save: SIGINT, SIGTERM and (not on Windows) SIGUSR1 and
+    SIGHUP, unless this process was started to ignore them (nohup), as it then goes on doing.
+    SIGUSR1 stops as SIGTERM does rather than save and train on: it comes a set time before the
+    job's end, and a run that stops then, saved, can be requeued or resumed (RunDir.stop's line),
+    where one that trains on loses its steps since to the kill, or is killed while it saves."""
     signums = [signal.SIGINT, signal.SIGTERM]
-    if hasattr(signal, 'SIGHUP') and signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
-        signums.append(signal.SIGHUP)
+    for name in ('SIGUSR1', 'SIGHUP'):
+        signum = getattr(signal, name, None)
+        if signum is not None and signal.getsignal(signum) != signal.SIG_IGN:
+            signums.append(signum)
     return signums
 
 

@@ -4,7 +4,8 @@ literals, parsed, never executed) and --key=value change a script's defaults blo
 A key must exist (a typo gets "did you mean"), keep its type (an int may stand for a float) and
 lie in its range (KINDS); else one line, `error: ...`, stops the script. `--help` lists the keys:
     python train.py config/cpu_demo.py --router=dynamic --learning_rate=3e-4
-At its end, the scripts' check that a job fits in the memory this process has (check_memory).
+Every script imports it first, before torch (a second or two): from then on Ctrl-C ends the
+script in one line (interrupted), its imports included. So it imports torch only when it needs it.
 """
 import ast
 import difflib
@@ -15,13 +16,6 @@ import signal
 import sys
 import time
 from contextlib import nullcontext
-
-import torch
-
-try:
-    import resource  # a process's limits (POSIX)
-except ImportError:  # Windows: none
-    resource = None
 
 # What a key may hold: a test, and how an error states it. A script gives a key a kind or a tuple
 # of allowed values where the script itself uses the value; the model's keys are checked where they
@@ -43,10 +37,10 @@ def configure(namespace, kinds, argv=None):
     namespace (the script's globals()) changed by argv (config files, --key=value; --help lists
     them), each checked against kinds, {kind: [keys]} (a key with no kind: only that a float is
     finite). A CPU defaults to float32 and no compile (no fast bf16 matmuls; compiling rarely
-    pays). From here Ctrl-C ends the script in one line (interrupted)."""
+    pays)."""
+    import torch  # here, not above: see the module's docstring
     config = {k: v for k, v in namespace.items() if k.islower() and not k.startswith('_')
               and (type(v) in (int, float, bool, str) or k == 'fused')}  # fused=None: automatic
-    sys.excepthook = interrupted
     argv = sys.argv[1:] if argv is None else argv
     if '-h' in argv or '--help' in argv:
         print_help(config)
@@ -95,6 +89,7 @@ def check_value(key, value, kind, where=''):
     if type(value) is int and not -2**63 <= value < 2**63:
         fail(f"{where}{key} must be from -2**63 to 2**63 - 1, got {value}")
     if kind == 'device' and value.startswith('cuda'):
+        import torch  # here, not above: see the module's docstring
         count = torch.cuda.device_count()
         if int(value.partition(':')[2] or 0) >= count:
             fail(f"device {value!r}: torch {torch.__version__} sees " + (f"{count} CUDA GPU(s) "
@@ -122,9 +117,9 @@ def or_fail(call, *args, **kwargs):
 
 
 def interrupted(kind, error, traceback):
-    """sys.excepthook, from configure on: Ctrl-C (a KeyboardInterrupt) ends a script with one line,
-    not a traceback; on the way out, a file being written has removed its temporary. The script
-    then ends as Ctrl-C ends it (killed by SIGINT: 130 in a shell)."""
+    """sys.excepthook, from this module's import on: Ctrl-C (a KeyboardInterrupt) ends a script
+    with one line, not a traceback; on the way out, a file being written has removed its
+    temporary. The script then ends as Ctrl-C ends it (killed by SIGINT: 130 in a shell)."""
     if not issubclass(kind, KeyboardInterrupt):
         return sys.__excepthook__(kind, error, traceback)
     if os.environ.get('RANK', '0') in ('', '0'):  # under torchrun, the first process only
@@ -140,6 +135,9 @@ def interrupted(kind, error, traceback):
                 pass
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
+
+
+sys.excepthook = interrupted  # as soon as a script imports this module, its first import
 
 
 def read_config_file(path, config):
@@ -200,89 +198,3 @@ def print_help(config):
     print("keys, with their defaults (config files of `key = value` lines, then --key=value):")
     for key, setting in settings.items():
         print(f"  {setting:<{width}}  {comments.get(key, '')}".rstrip())
-
-
-# -----------------------------------------------------------------------------
-# The memory a job may still take, checked before it takes it: past it a job ends in torch's
-# traceback, or is killed (the OOM killer, a scheduler) with nothing said.
-def check_memory(nbytes, device, what, hint=''):
-    """Stop in one line where what, nbytes at the least, cannot fit in what this process has left
-    on device (memory_limit: the least of its limits, named): a job's arrays, sized by a
-    script's keys (the model's weights are lime.GPTConfig's to check). Beyond the memory they
-    would end in torch's traceback, or in the OOM killer's kill. hint: what to lower."""
-    have, limit = memory_limit(device)
-    if have is not None and nbytes > have:
-        fail(f"{what} take {nbytes / 2**30:,.1f} GiB, more than the {max(have, 0) / 2**30:,.1f} "
-             f"GiB {limit}" + (f": {hint}" if hint else ""))
-
-
-def memory_limit(device):
-    """(the bytes this process may still allocate on device, what leaves it that: words that
-    follow "more than N GiB"), or (None, None) where nothing is known: a GPU's free memory, or
-    the least that any of cpu_limits leaves."""
-    if str(device).startswith('cuda'):
-        free, total = torch.cuda.mem_get_info(torch.device(device))
-        return free, f"free on {device} (of its {total / 2**30:,.1f} GiB)"
-    return min(cpu_limits(), default=(None, None))
-
-
-def cpu_limits():
-    """Each limit on this process's memory, as (what it leaves, what it is), each less what the
-    process holds of it now: this machine's memory, its cgroup's (a container's or a scheduler's
-    job's) and its address space (ulimit -v, which counts every mapping, so what it has mapped
-    counts too)."""
-    mapped, resident = held_bytes()
-    left = []
-    if hasattr(os, 'sysconf'):  # not on Windows
-        ram = os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES')
-        left.append((ram - resident, f"left to this process of this machine's {ram / 2**30:,.1f} "
-                                     "GiB"))
-    if (cgroup := cgroup_limit()) is not None:
-        limit, path = cgroup
-        left.append((limit - resident, f"left to this process by its cgroup's limit ({path}: "
-                                       f"{limit / 2**30:,.1f} GiB)"))
-    if resource is not None:
-        limit = resource.getrlimit(resource.RLIMIT_AS)[0]  # the soft limit: the one that holds
-        if limit != resource.RLIM_INFINITY:
-            left.append((limit - mapped, f"left to this process by its address-space limit "
-                                         f"(ulimit -v, RLIMIT_AS: {limit / 2**30:,.1f} GiB)"))
-    return left
-
-
-def held_bytes():
-    """(the address space this process has mapped, the memory it holds): Linux's /proc/self/statm,
-    else (0, 0)."""
-    try:
-        with open('/proc/self/statm') as f:
-            pages = f.read().split()
-    except OSError:  # not Linux
-        return 0, 0
-    return int(pages[0]) * os.sysconf('SC_PAGE_SIZE'), int(pages[1]) * os.sysconf('SC_PAGE_SIZE')
-
-
-def cgroup_limit():
-    """(the least memory limit of this process's cgroup and those above it, its file), or None:
-    cgroup v2's memory.max, or v1's memory.limit_in_bytes (Linux only)."""
-    try:
-        with open('/proc/self/cgroup') as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    limits = []
-    for line in lines:  # hierarchy-id:controllers:path, and v2's controllers are ''
-        _, controllers, path = line.split(':', 2)
-        if controllers == '':
-            root, name = '/sys/fs/cgroup', 'memory.max'
-        elif 'memory' in controllers.split(','):
-            root, name = '/sys/fs/cgroup/memory', 'memory.limit_in_bytes'
-        else:
-            continue
-        directory = os.path.normpath(root + path)
-        while directory.startswith(root):  # a limit on a cgroup holds for those below it too
-            try:
-                with open(os.path.join(directory, name)) as f:
-                    limits.append((int(f.read()), os.path.join(directory, name)))
-            except (OSError, ValueError):  # none there, or 'max': no limit
-                pass
-            directory = os.path.dirname(directory)
-    return min(limits, default=None)

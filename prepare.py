@@ -30,6 +30,8 @@ one being written or left unfinished (a directory without dataset.json, of shard
 or by an older prepare.py, is read as it is). If prepare.py fails or is stopped (Ctrl-C), it removes
 what it wrote.
 """
+import configurator  # noqa: F401 (first, before numpy: from here Ctrl-C is one line, see there)
+
 import argparse
 import glob
 import gzip

@@ -5,13 +5,19 @@ with the tokenizer the run trained with (GPT-2 BPE or bytes: train.py saves whic
     python sample.py --out_dir=out/cpu_demo
     python sample.py --out_dir=out/cpu_demo --start="The for statement" --temperature=0
     python sample.py --out_dir=out/cpu_demo --start=FILE:prompt.txt --max_new_tokens=500
+
+A --start that is not UTF-8 (typed in a Latin-1 terminal) is taken as its bytes: as they are by
+the byte tokenizer, with U+FFFD for those that are not UTF-8 by GPT-2's, with a note.
 """
+from configurator import configure, fail, or_fail, read_text  # first: Ctrl-C is one line
+
 import os
+import sys
 
 import torch
 
-from configurator import check_memory, configure, fail, or_fail, read_text
 from lime import load_model, use_fused_kernels
+from memory import check_memory
 from prepare import BYTES_DOC, BYTES_VOCAB, decode_bytes, gpt2_encoding
 
 # -----------------------------------------------------------------------------
@@ -46,12 +52,22 @@ if vocab_size is None:
 if model.config.vocab_size != vocab_size:
     fail(f"the model in {out_dir} has a vocabulary of {model.config.vocab_size} tokens, not the "
          f"{vocab_size} of its tokenizer ({tokenizer}): sample.py can't decode it")
-if tokenizer == 'bytes':
-    start_ids = [BYTES_DOC] if start == '<|endoftext|>' else list(start.encode('utf-8'))
+# A command line's bytes that are not UTF-8 (a Latin-1 terminal's é) reach Python as U+DC80 to
+# U+DCFF (surrogateescape), which give those bytes back; any other surrogate is no text at all.
+try:
+    prompt = start.encode('utf-8', 'surrogateescape')
+except UnicodeEncodeError as e:
+    fail(f"the prompt holds {start[e.start:e.end]!r}, half of a UTF-16 pair: not text")
+if tokenizer == 'bytes':  # any bytes are tokens
+    start_ids = [BYTES_DOC] if start == '<|endoftext|>' else list(prompt)
     decode = decode_bytes
 else:
     enc = or_fail(gpt2_encoding)
-    start_ids = enc.encode(start, allowed_special={'<|endoftext|>'})
+    text = prompt.decode('utf-8', errors='replace')
+    if text != start:
+        print(f"note: the prompt is not UTF-8 ({prompt!r}): GPT-2's tokenizer reads it with U+FFFD "
+              "for the bytes that are not", file=sys.stderr)  # beside load_model's line
+    start_ids = enc.encode(text, allowed_special={'<|endoftext|>'})
     decode = enc.decode
 if not start_ids:
     fail("the prompt is empty: give some text with --start (the default starts a new document)")

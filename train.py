@@ -10,9 +10,12 @@ out_dir/ckpt.pt is the checkpoint (--init_from=resume continues the run exactly,
 settings); out_dir/log.txt has a JSON object a line: the settings, then each log line's record.
 bookkeeping.py keeps them (and refuses to replace an earlier run): this file is the training.
 """
+from configurator import configure, fail, or_fail  # first, before torch: Ctrl-C is one line
+
 import math
 import os
 import time
+import zlib
 from contextlib import nullcontext
 from dataclasses import fields
 
@@ -23,8 +26,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import bookkeeping
-from configurator import configure, fail, or_fail
 from lime import GPT, GPTConfig, compile_model, use_fused_kernels
+from memory import out_of_memory_in_one_line
 from prepare import (BYTES_VOCAB, Batches, data_tokenizer, prepare_if_default, read_shard,
                      shard_paths, token_bytes)
 
@@ -113,9 +116,10 @@ config['lr_decay_iters'] = lr_decay_iters  # saved with the run: a resume keeps 
 # -----------------------------------------------------------------------------
 # setup: one process, or one per GPU under torchrun
 ddp = int(os.environ.get('RANK', -1)) != -1
-# Ctrl-C, SIGTERM (what a cluster's scheduler sends a job before it kills it) or SIGHUP (a lost
-# terminal): one line and the exit code a shell expects (130, 143, 129), never a traceback; from
-# the training loop on, with a save. An output that closes (a `| tee` gone) stops nothing.
+# Ctrl-C, SIGTERM (what a cluster's scheduler sends a job before it kills it), SIGUSR1 (SLURM's
+# warning that the time is nearly up) or SIGHUP (a lost terminal): one line and the exit code a
+# shell expects (130, 143, 138, 129), never a traceback; from the training loop on, with a save.
+# An output that closes (a `| tee` gone) stops nothing.
 interrupts = bookkeeping.Interrupts(ddp)
 device_type = 'cuda' if device.startswith('cuda') else 'cpu'
 rank = 0
@@ -172,6 +176,9 @@ if val_batches < eval_iters:
     log(f"note: the validation shard fits only {val_batches} of eval_iters={eval_iters} batches")
 # What every evaluation reads, copied into memory: nothing done to the file can change it now
 val_tokens = np.array(val_tokens[:val_batches * B * T + 1])
+# and how, saved with each checkpoint: only val losses measured the same way compare (RunDir.save)
+val_measure = {'batches': val_batches, 'batch_size': B, 'block_size': T,
+               'tokens': zlib.crc32(val_tokens.tobytes())}
 # Bits per byte needs each token's UTF-8 bytes: known for GPT-2, bytes, and arith.py's characters.
 byte_counts, why = token_bytes(vocab_size, data_dir)
 if byte_counts is None:
@@ -185,7 +192,11 @@ if mc_interval:  # a multiple-choice task, scored during training: lab/evaluate.
 
 # -----------------------------------------------------------------------------
 # model and optimizer: what training holds must fit in this process's memory (checked first)
+run = bookkeeping.RunDir(config, master, val_measure)  # out_dir: log.txt and ckpt.pt, kept
 bookkeeping.check_training_memory(gptconf, config, built=model is not None)
+# The check counts a floor: memory that runs out all the same, here or at any step, ends the run in
+# one line naming what to lower, with out_dir's last checkpoint as it was.
+out_of_memory_in_one_line(bookkeeping.LOWER_TO_FIT, run.kept)
 if model is None:
     model = GPT(gptconf)
 model.to(device).train()
@@ -198,8 +209,8 @@ if checkpoint is not None:
     step = checkpoint['step']
     bookkeeping.restore_state(checkpoint, optimizer, train_batches, config)
 log(f"model: {model.num_params() / 1e6:.2f}M parameters, router={gptconf.router}")
-run = bookkeeping.RunDir(config, master)  # out_dir: log.txt and ckpt.pt, which it keeps
 run.claim(model, checkpoint)  # resumed: the checkpoint's step and evaluation
+remeasure = run.measured_otherwise(checkpoint)  # its val loss taken over other batches?
 checkpoint = None  # free the memory
 
 raw_model = model  # the model itself: its state dict is what checkpoints hold
@@ -225,7 +236,7 @@ def lr_factor(it):
 
 
 def stop_signal():
-    """The signal to stop at this step (SIGINT, SIGTERM, SIGHUP), 0 while none has come: under
+    """The signal to stop at this step (bookkeeping.stop_signals), 0 while none has come: under
     DDP the one any process got (one all_reduce of a number a step), so that all stop together."""
     if not ddp:
         return interrupts.signal
@@ -272,8 +283,10 @@ def evaluate():
 # -----------------------------------------------------------------------------
 # training loop
 start_step = step
-# From here Ctrl-C, SIGTERM or SIGHUP stops the run after the step in flight, with a checkpoint; a
-# second Ctrl-C stops it at once.
+if remeasure:  # the checkpoint's weights, evaluated as this run evaluates: the loss to beat
+    run.remeasured(evaluate()[0])
+# From here a stop signal ends the run after the step in flight, with a checkpoint; a second (not
+# the same one again at once, as a job script that forwards it sends it) stops it at once.
 interrupts.save_first(run)
 window_start = time.time()  # steps are timed over the window since the last log line
 window_steps = 0

@@ -25,9 +25,10 @@ from datetime import date
 
 import torch
 
-from configurator import check_memory, configure, fail, or_fail
+from configurator import configure, fail, or_fail
 from lab.gpu_check import cell, commit, ratio  # as in its report
 from lime import GPT, ROUTERS, GPTConfig, compile_model, use_fused_kernels
+from memory import check_memory
 
 SHAPES = {  # name: (GPTConfig fields, batch size)
     'gpt2': (dict(n_layer=12, n_head=12, n_embd=768, block_size=1024), 32),

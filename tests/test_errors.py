@@ -323,7 +323,7 @@ CASES = [
     case('gpu-check-unknown-part', 'lab/gpu_check.py', '--parts=self_check,speed',
          "parts: 'speed' is not one of self_check, gradients, training, profile, deep, tests"),
     # sizes past this machine's memory: refused before anything is allocated, in one line (the
-    # model's weights in lime.GPTConfig; a script's own arrays in configurator.check_memory)
+    # model's weights in lime.GPTConfig; a script's own arrays in memory.check_memory)
     *[case(f'train-huge-{key}', 'train.py', f'--device=cpu --{key}={value}',
            "the model's weights alone take")
       for key, value in [('n_layer', 10**9), ('n_embd', 12 * 10**8), ('mlp_hidden', 10**9),

@@ -32,6 +32,7 @@ import torch
 import bookkeeping
 import configurator
 import lime
+import memory
 import prepare
 from test_train import ROOT, TINY, command, read_log, run, saved, train
 from test_train import data_dir  # noqa: F401 (a fixture)
@@ -40,15 +41,18 @@ needs_gpt2 = pytest.mark.usefixtures('gpt2')  # skipped offline, saying why (con
 
 # Runs train.py as `python train.py ARGS` would (as the script of python or of torchrun), sending
 # this process the signal SIGNAL after its optimizer's AT-th step (on rank RANK only, if given),
-# and, with AGAIN, a second SIGINT once the checkpoint saved after that step has begun its write.
+# with TWICE twice in a row (a job script forwarding it, and the scheduler signalling the process
+# group), and, with AGAIN, a second SIGINT once the checkpoint saved after that step has begun its
+# write, later than SAME_REQUEST seconds after the first (sooner it would be the same request).
 # SPOIL, {step: what}, spoils what after that step (before the signal): 'nan' in one weight,
 # 'noise' in every weight (finite, a worse model), or a training shard (its path), replaced by the
 # file beside it named .new. SIGHUP is as a shell leaves it: SIG_IGN under nohup, else SIG_DFL.
 SIGNALLING = '''
-import os, runpy, signal, sys
+import os, runpy, signal, sys, time
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
-SIGNAL, AT, RANK, AGAIN, SPOIL = {signal}, {at}, {rank}, {again}, {spoil}
+import bookkeeping
+SIGNAL, AT, RANK, TWICE, AGAIN, SPOIL = {signal}, {at}, {rank}, {twice}, {again}, {spoil}
 signal.signal(signal.SIGHUP, signal.{sighup})
 steps = 0
 
@@ -58,7 +62,8 @@ def after_step(optimizer, args, kwargs):
     if steps in SPOIL:
         spoil(optimizer, SPOIL[steps])
     if steps == AT and RANK in (None, int(os.environ.get('RANK', 0))):
-        os.kill(os.getpid(), SIGNAL)
+        for _ in range(TWICE):
+            os.kill(os.getpid(), SIGNAL)
 
 @torch.no_grad()
 def spoil(optimizer, what):
@@ -77,6 +82,7 @@ class Interrupted:
         self.f = f
     def write(self, data):
         written = self.f.write(data)
+        time.sleep(bookkeeping.Interrupts.SAME_REQUEST)
         os.kill(os.getpid(), signal.SIGINT)
         return written
     def flush(self):
@@ -93,12 +99,13 @@ runpy.run_path(sys.argv[0], run_name='__main__')
 '''
 
 
-def signalling(tmp_path, *args, signum=0, at=0, rank=None, again=False, spoil=None, nohup=False,
-               torchrun=False):
+def signalling(tmp_path, *args, signum=0, at=0, rank=None, twice=False, again=False, spoil=None,
+               nohup=False, torchrun=False):
     """(the command that runs train.py with args as SIGNALLING says, its environment)."""
     hook = tmp_path / 'signalling.py'
-    hook.write_text(SIGNALLING.format(signal=int(signum), at=at, rank=rank, again=again,
-                                      spoil=spoil or {}, sighup='SIG_IGN' if nohup else 'SIG_DFL',
+    hook.write_text(SIGNALLING.format(signal=int(signum), at=at, rank=rank, twice=1 + twice,
+                                      again=again, spoil=spoil or {},
+                                      sighup='SIG_IGN' if nohup else 'SIG_DFL',
                                       train_py=os.path.join(ROOT, 'train.py')))
     launcher, env = [sys.executable], {**os.environ, 'PYTHONPATH': ROOT}
     if torchrun:  # one thread each: two processes share the machine
@@ -155,6 +162,20 @@ def test_sigterm_saves_the_step_in_flight_and_the_resume_it_names_trains_on_exac
     assert command[1:] == [os.path.join(ROOT, 'train.py'), f'--out_dir={out}', '--init_from=resume']
     run('train.py', *command[2:], '--device=cpu')
     assert read_log(out) == read_log(tmp_path / 'whole')  # every loss, as if never stopped
+
+
+@pytest.mark.parametrize('signum, twice', [(signal.SIGTERM, True), (signal.SIGUSR1, False)])
+def test_a_clusters_signals_save_the_step_in_flight_and_stop(data_dir, tmp_path, signum, twice):
+    # SIGTERM twice at once (forwarded by a job script, and sent to the process group) is one
+    # request; SIGUSR1 (sbatch --signal=USR1@90, the time nearly up) stops as SIGTERM does
+    out = tmp_path / 'run'
+    result = signalled(tmp_path, *TINY, f'--data_dir={data_dir}', f'--out_dir={out}',
+                       '--max_iters=8', '--eval_interval=4', signum=signum, at=3, twice=twice)
+    assert result.returncode == 128 + signum, result.stderr
+    assert only_line(result.stderr) == (
+        f"stopped by {signal.Signals(signum).name} at step 3, its checkpoint saved to "
+        f"{out}/ckpt.pt: resume with python {ROOT}/train.py --out_dir={out} --init_from=resume")
+    assert saved(out)['step'] == 3 and max(read_log(out)[0]) == 3
 
 
 def test_a_second_ctrl_c_or_a_full_disk_during_a_save_keeps_the_last_checkpoint(trained, tmp_path):
@@ -243,6 +264,23 @@ def test_a_checkpoint_is_replaced_only_by_finite_weights_and_as_asked_by_a_bette
         run_dir.lock.close()
 
 
+def test_overwrite_keeps_the_old_run_until_the_new_one_has_saved(trained, data_dir, tmp_path):
+    out = tmp_path / 'run'
+    shutil.copytree(trained, out)
+    before = {name: (out / name).read_bytes() for name in ('ckpt.pt', 'log.txt')}
+    new_run = [*TINY, f'--data_dir={data_dir}', f'--out_dir={out}', '--overwrite=True',
+               '--max_iters=4', '--eval_interval=4']
+    # The new run diverges at step 2, before its first checkpoint: the old run is back, whole
+    result = signalled(tmp_path, *new_run, spoil={1: 'nan'})
+    assert result.returncode == 1
+    assert only_line(result.stderr).startswith("error: the training loss is nan at step 2")
+    assert {name: (out / name).read_bytes() for name in before} == before
+    assert sorted(os.listdir(out)) == ['.lock', 'ckpt.pt', 'log.txt']
+    # Once the new run has saved, the old one is gone
+    run('train.py', *new_run)
+    assert saved(out)['step'] == 4 and sorted(os.listdir(out)) == ['.lock', 'ckpt.pt', 'log.txt']
+
+
 def test_a_run_started_under_nohup_goes_on_through_sighup(data_dir, tmp_path):
     out = tmp_path / 'run'
     result = signalled(tmp_path, *TINY, f'--data_dir={data_dir}', f'--out_dir={out}',
@@ -290,6 +328,30 @@ def test_with_always_save_checkpoint_false_a_stop_keeps_the_best_checkpoint(data
         f"resume from it with python {ROOT}/train.py --out_dir={out} --init_from=resume")
     kept = saved(out)
     assert (kept['step'], kept['val_loss']) == (best, val[best])  # what sample.py says of it
+
+
+def test_a_resume_that_evaluates_other_batches_measures_the_best_checkpoint_again(trained, data_dir,
+                                                                                  tmp_path):
+    out = tmp_path / 'run'
+    shutil.copytree(trained, out)
+    before = (out / 'ckpt.pt').read_bytes()
+    # Its val loss is over TINY's 2 validation batches; the first alone, as the resume evaluates:
+    model, _ = lime.load_checkpoint(str(out / 'ckpt.pt'), 'cpu')
+    val = prepare.read_shard(prepare.shard_paths(data_dir, 'val')[0])
+    tokens = torch.from_numpy(val[:4 * 32 + 1].astype(np.int64))  # TINY: batch 4, block 32
+    with torch.no_grad():
+        first_batch = model(tokens[:-1].view(4, 32), tokens[1:].view(4, 32))[1].item()
+    # Noise in every weight after step 3 makes step 4's evaluation worse; SIGTERM after step 5
+    result = signalled(tmp_path, f'--out_dir={out}', '--init_from=resume', '--device=cpu',
+                       '--always_save_checkpoint=False', '--eval_iters=1', '--max_iters=8',
+                       signum=signal.SIGTERM, at=3, spoil={1: 'noise'})
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr
+    assert "note: the checkpoint's val loss" in result.stdout
+    # The loss to beat is the checkpoint's weights on that one batch, not its loss over two
+    to_beat = re.search(r"ckpt\.pt, step 2, val loss ([\d.]+)\), and the last evaluation "
+                        r"\(step 4, ", only_line(result.stderr))
+    assert to_beat and abs(float(to_beat[1]) - first_batch) < 1e-3, (result.stderr, first_batch)
+    assert (out / 'ckpt.pt').read_bytes() == before
 
 
 # -----------------------------------------------------------------------------
@@ -404,6 +466,35 @@ def test_ctrl_c_in_sample_py_is_one_line(tmp_path):
                             env={**os.environ, 'PYTHONPATH': ROOT})
     assert result.returncode == -signal.SIGINT  # Python's exit on Ctrl-C: 130 in a shell
     assert only_line(result.stderr.split('\n', 1)[1]) == "interrupted: sample.py stopped"
+
+
+# Ctrl-C while a script is still importing: as torch or numpy (the first a script imports) starts
+# to be imported. `{run}` runs the script as python runs it.
+INTERRUPTED_IMPORTING = '''
+import os, runpy, signal, sys
+
+class CtrlC:
+    def find_spec(self, name, path=None, target=None):
+        if name in ('torch', 'numpy'):
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, CtrlC())
+{run}
+'''
+
+
+@pytest.mark.parametrize('script', ['train.py', 'sample.py', 'prepare.py', 'lab/evaluate.py'])
+def test_ctrl_c_while_a_script_imports_is_one_line(script):
+    run_it = (f"runpy.run_module('lab.evaluate', run_name='__main__')"  # python -m lab.evaluate
+              if script.startswith('lab/') else "runpy.run_path(sys.argv[0], run_name='__main__')")
+    run_it = f"sys.argv[0] = {os.path.join(ROOT, script)!r}\n{run_it}"  # as python sets it
+    result = subprocess.run([sys.executable, '-c', INTERRUPTED_IMPORTING.format(run=run_it)],
+                            capture_output=True, text=True, cwd=ROOT, timeout=300,
+                            env={**os.environ, 'PYTHONPATH': ROOT})
+    assert result.returncode == -signal.SIGINT, result.stderr  # 130 in a shell
+    assert only_line(result.stderr) == f"interrupted: {os.path.basename(script)} stopped"
 
 
 # -----------------------------------------------------------------------------
@@ -674,29 +765,74 @@ def test_training_that_does_not_fit_under_ulimit_v_is_refused_naming_the_limit(d
     assert not (tmp_path / 'run').exists()
 
 
+# Runs train.py as SIGNALLING does, where the first training step runs out of memory: with 'cpu'
+# under an address-space limit that leaves it 64 MiB more (RLIMIT_AS, set as the step starts),
+# with 'gpu' as torch.OutOfMemoryError (what CUDA raises), raised there.
+OUT_OF_MEMORY = '''
+import resource, runpy, sys
+import torch
+import lime, memory
+WHERE = {where!r}
+forward = lime.GPT.forward
+
+def running_out(self, idx, targets=None):
+    if targets is not None and WHERE == 'cpu':
+        mapped, _ = memory.held_bytes()
+        resource.setrlimit(resource.RLIMIT_AS, (mapped + 64 * 2**20, resource.RLIM_INFINITY))
+    elif targets is not None:
+        raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 ...')
+    return forward(self, idx, targets)
+
+lime.GPT.forward = running_out
+sys.argv[0] = {train_py!r}
+runpy.run_path(sys.argv[0], run_name='__main__')
+'''
+
+
+@pytest.mark.parametrize('where', ['cpu', 'gpu'])
+def test_a_step_that_runs_out_of_memory_is_one_line_and_keeps_the_checkpoint(trained, tmp_path,
+                                                                              where):
+    out = tmp_path / 'run'
+    shutil.copytree(trained, out)
+    before = (out / 'ckpt.pt').read_bytes()
+    # 64 sequences a micro-step: the logits alone take 0.4 GiB, far past what the limit leaves
+    hook = OUT_OF_MEMORY.format(where=where, train_py=os.path.join(ROOT, 'train.py'))
+    result = subprocess.run([sys.executable, '-c', hook, f'--out_dir={out}', '--init_from=resume',
+                             '--device=cpu', '--max_iters=4', '--batch_size=64'],
+                            capture_output=True, text=True, cwd=ROOT, timeout=300,
+                            env={**os.environ, 'PYTHONPATH': ROOT})
+    assert result.returncode == 1, result.stderr
+    reason = {'cpu': r"torch could not allocate [\d.]+ GiB more on the CPU",
+              'gpu': "CUDA out of memory"}[where]
+    assert re.fullmatch(rf"error: out of memory \({reason}\): {re.escape(bookkeeping.LOWER_TO_FIT)}"
+                        rf"; the last checkpoint \({out}/ckpt.pt, step 2\) is kept",
+                        only_line(result.stderr)), result.stderr
+    assert (out / 'ckpt.pt').read_bytes() == before and no_temporaries(out)
+
+
 @pytest.mark.parametrize('version', ['v2', 'v1'])
 def test_a_cgroups_memory_limit_is_found_above_the_process_and_named(tmp_path, monkeypatch,
                                                                      version):
     # A scheduler's job (1 GiB) holds the process's own cgroup (no limit of its own)
-    proc, memory, name = {'v2': ('0::/job/step', '/sys/fs/cgroup', 'memory.max'),
-                          'v1': ('4:memory:/job/step', '/sys/fs/cgroup/memory',
-                                 'memory.limit_in_bytes')}[version]
-    files = {'/proc/self/cgroup': f'7:pids:/job\n{proc}\n', f'{memory}/job/{name}': '1073741824\n',
-             f'{memory}/job/step/{name}': 'max\n' if version == 'v2' else '9223372036854771712\n'}
+    proc, root, name = {'v2': ('0::/job/step', '/sys/fs/cgroup', 'memory.max'),
+                        'v1': ('4:memory:/job/step', '/sys/fs/cgroup/memory',
+                               'memory.limit_in_bytes')}[version]
+    files = {'/proc/self/cgroup': f'7:pids:/job\n{proc}\n', f'{root}/job/{name}': '1073741824\n',
+             f'{root}/job/step/{name}': 'max\n' if version == 'v2' else '9223372036854771712\n'}
 
     def fake_open(path, *args):
         if path not in files:
             raise FileNotFoundError(path)
         return io.StringIO(files[path])
 
-    monkeypatch.setattr(configurator, 'open', fake_open, raising=False)
-    assert configurator.cgroup_limit() == (2**30, f'{memory}/job/{name}')
-    monkeypatch.setattr(configurator, 'held_bytes', lambda: (0, 0))
-    assert configurator.memory_limit('cpu') == (
-        2**30, f"left to this process by its cgroup's limit ({memory}/job/{name}: 1.0 GiB)")
+    monkeypatch.setattr(memory, 'open', fake_open, raising=False)
+    assert memory.cgroup_limit() == (2**30, f'{root}/job/{name}')
+    monkeypatch.setattr(memory, 'held_bytes', lambda: (0, 0))
+    assert memory.memory_limit('cpu') == (
+        2**30, f"left to this process by its cgroup's limit ({root}/job/{name}: 1.0 GiB)")
     with pytest.raises(SystemExit, match=rf"^error: 2 GiB of samples take 2.0 GiB, more than the "
                                          rf"1.0 GiB left to this process by its cgroup's limit"):
-        configurator.check_memory(2 * 2**30, 'cpu', '2 GiB of samples')
+        memory.check_memory(2 * 2**30, 'cpu', '2 GiB of samples')
 
 
 # -----------------------------------------------------------------------------

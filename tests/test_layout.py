@@ -1,9 +1,10 @@
 """
 The reading path's limits, which hold for the project from now on: the top level is the card
-(lime.py, train.py, sample.py, prepare.py, test_lime.py) with the two modules that serve it
-(configurator.py reads the settings, bookkeeping.py keeps a run's out_dir); what a default run does
-not use lives in folders and is imported only when asked for; LIMe's mechanism reads in one place;
-the README is the way in, not the manual. Lines are not counted: clarity, not a budget, sets length.
+(lime.py, train.py, sample.py, prepare.py, test_lime.py) with the modules that serve it
+(configurator.py reads the settings, bookkeeping.py keeps a run's out_dir, memory.py checks that
+a job fits); what a default run does not use lives in folders and is imported only when asked for;
+LIMe's mechanism reads in one place; the README is the way in, not the manual. Lines are not
+counted: clarity, not a budget, sets length.
 """
 import ast
 import pathlib
@@ -11,7 +12,7 @@ import re
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CARD = ['lime.py', 'train.py', 'sample.py', 'prepare.py', 'test_lime.py',
-        'configurator.py', 'bookkeeping.py']
+        'configurator.py', 'bookkeeping.py', 'memory.py']
 FOLDERS = {p.name for p in ROOT.iterdir() if p.is_dir() and any(p.glob('*.py'))}
 
 
@@ -79,7 +80,7 @@ def test_the_readme_states_the_reading_path_as_measured():
     readme = (ROOT / 'README.md').read_text(encoding='utf-8')
     stated = re.search(r'a reader visits (\d+) lines\s+in 4 files: `train.py` \((\d+)\), what the '
                        r'run uses of `lime.py` \((\d+)\), `prepare.py`.s `Batches` and\s+helpers '
-                       r'\((\d+)\), `configure` and `memory_limit` \((\d+)\); (\d+) with those '
+                       r'\((\d+)\), `configure` \((\d+)\); (\d+) with those '
                        r'helpers', readme)
     assert stated, "the README's reading order no longer states the path"
     told = [int(number) for number in stated.groups()]

@@ -3,7 +3,15 @@ Tests for sample.py: a checkpoint trained here, sampled from as a user does.
 
     python -m pytest -q tests/test_sample.py
 """
-from test_train import assert_clean_error, data_dir, run, train  # noqa: F401  data_dir is a fixture
+import os
+import subprocess
+import sys
+
+import pytest
+
+import lime
+from test_train import ROOT, assert_clean_error, run, train
+from test_train import data_dir  # noqa: F401 (a fixture)
 
 
 def test_sample_reads_a_prompt_file_and_refuses_a_foreign_vocabulary(data_dir, tmp_path):
@@ -36,3 +44,29 @@ def test_a_byte_level_model_is_sampled_with_its_own_tokenizer(tmp_path):
     result = run('sample.py', f'--out_dir={out}', '--num_samples=2', '--max_new_tokens=10',
                  '--device=cpu')
     assert result.stdout.count('---------------') == 2
+
+
+@pytest.mark.parametrize('tokenizer', ['bytes', 'gpt2'])
+def test_a_prompt_that_is_not_utf8_is_read_as_its_bytes(tmp_path, tokenizer, request):
+    if tokenizer == 'gpt2':
+        request.getfixturevalue('gpt2')  # its files, or a skip saying why
+    vocab_size = {'bytes': 257, 'gpt2': 50257}[tokenizer]
+    model = lime.GPT(lime.GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16,
+                                    vocab_size=vocab_size))
+    lime.save_checkpoint(tmp_path / 'ckpt.pt', model, step=1, best_val_loss=1.0,
+                         config={'tokenizer': tokenizer})
+    # café as a Latin-1 terminal sends it: é is the one byte 0xe9, not UTF-8
+    result = subprocess.run([sys.executable, os.path.join(ROOT, 'sample.py'),
+                             f'--out_dir={tmp_path}', b'--start=caf\xe9', '--num_samples=1',
+                             '--max_new_tokens=3', '--device=cpu'],
+                            capture_output=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr.decode()
+    loaded, *notes = result.stderr.decode().splitlines()
+    assert loaded.startswith('loaded ') and 'Traceback' not in result.stderr.decode()
+    sample = result.stdout.decode()
+    if tokenizer == 'bytes':  # the byte 0xe9 is a token as it is
+        assert notes == [] and sample.startswith('caf')
+    else:  # decoded with U+FFFD for it, and said so
+        assert notes == ["note: the prompt is not UTF-8 (b'caf\\xe9'): GPT-2's tokenizer reads it "
+                         "with U+FFFD for the bytes that are not"]
+        assert sample.startswith('caf\ufffd')
