@@ -21,7 +21,7 @@ import torch
 
 from configurator import check_memory, check_value, fail, or_fail, set_key
 from lime import GPTConfig, load_checkpoint, non_finite, save_checkpoint
-from prepare import lock, write_atomically
+from safe_files import lock, write_atomically
 
 # Settings that belong to the machine a run is on, not to the run: today's, also on a resume.
 MACHINE_KEYS = {'out_dir', 'init_from', 'overwrite', 'device', 'dtype', 'compile', 'fused',

@@ -31,6 +31,7 @@ import torch
 
 import bookkeeping
 import configurator
+import safe_files
 import lime
 import prepare
 from test_train import ROOT, TINY, command, read_log, run, saved, train
@@ -438,7 +439,7 @@ NO_DATA = type('Batches', (), {'state': lambda self: {}})()  # for a checkpoint:
 
 def fill_the_disk(monkeypatch, room=100):
     """Every file write_atomically opens fails, as on a full disk, after room bytes."""
-    monkeypatch.setattr(prepare, 'open', lambda path, mode: FullDisk(open(path, mode), room),
+    monkeypatch.setattr(safe_files, 'open', lambda path, mode: FullDisk(open(path, mode), room),
                         raising=False)
 
 
@@ -451,7 +452,7 @@ def test_a_write_that_fails_keeps_the_old_file_leaves_no_temporary_and_names_the
     optimizer = torch.optim.AdamW(model.parameters())
     writes = {  # each writer, and the file it writes
         'shard': (lambda: prepare.write_shard(tmp_path / 'x.bin', np.arange(1000)), 'x.bin'),
-        'json': (lambda: prepare.write_json(tmp_path / 'task.json', {'a': [0] * 100}), 'task.json'),
+        'json': (lambda: safe_files.write_json(tmp_path / 'task.json', {'a': [0] * 100}), 'task.json'),
         'checkpoint': (lambda: run_dir.save(model, optimizer, NO_DATA, 5), 'ckpt.pt'),
     }
     for what, (write, name) in writes.items():
@@ -593,7 +594,7 @@ def test_no_json_file_or_line_holds_a_number_that_is_not_finite(tmp_path):
     from lab import json_line
     for bad in (float('nan'), float('inf')):
         with pytest.raises(ValueError, match=f"^{tmp_path}/result.json: not written: a value is "):
-            prepare.write_json(tmp_path / 'result.json', {'bpb': bad})
+            safe_files.write_json(tmp_path / 'result.json', {'bpb': bad})
         assert not os.listdir(tmp_path)
         with pytest.raises(SystemExit, match="^error: a result is not a finite number"):
             json_line({'bpb': bad})
