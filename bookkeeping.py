@@ -21,7 +21,7 @@ import torch
 
 from configurator import check_memory, check_value, fail, or_fail, set_key
 from lime import GPTConfig, load_checkpoint, non_finite, save_checkpoint
-from safe_files import lock, write_atomically
+from safe_files import lock, no_follow, write_atomically
 
 # Settings that belong to the machine a run is on, not to the run: today's, also on a resume.
 MACHINE_KEYS = {'out_dir', 'init_from', 'overwrite', 'device', 'dtype', 'compile', 'fused',
@@ -200,6 +200,8 @@ class RunDir:
             self.lock = lock(self.out_dir)  # None: another process holds it
         except OSError as e:
             fail(f"cannot write to out_dir {self.out_dir}: {e.strerror}")
+        except ValueError as e:  # its .lock is a link
+            fail(str(e))
         if self.lock is None:
             fail(f"another run is training into {self.out_dir}: wait for it, or choose another "
                  "--out_dir")
@@ -224,7 +226,8 @@ class RunDir:
         text = ''.join([json.dumps(header) + '\n'] + records)
         try:  # whole or not at all: on a full disk the old log is kept as it was
             write_atomically(log_path, lambda f: f.write(text.encode()))
-            self.log_file = open(log_path, 'ab', buffering=0)  # a record reaches the file at once
+            # A record reaches the file at once; a link put in its place meanwhile is not followed
+            self.log_file = open(log_path, 'ab', buffering=0, opener=no_follow)
         except OSError as e:
             fail(f"could not write {log_path}: {e.strerror}")
         if self.config.get('wandb_log'):

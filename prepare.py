@@ -494,6 +494,8 @@ def main(argv=None, wait=False):
             writer = lock(out_dir, wait=True)
     except OSError as e:  # out_dir not writable, or a file
         sys.exit(f"prepare.py: error: cannot write to out_dir {out_dir}: {e.strerror}")
+    except ValueError as e:  # its .lock is a link
+        sys.exit(f"prepare.py: error: {e}")
     if writer is None:
         sys.exit(f"prepare.py: error: another process is writing {out_dir} now (prepare.py, or "
                  "train.py preparing it): wait for it to finish, or give another --out_dir")

@@ -3,7 +3,9 @@ safe_files.py: how the scripts keep what they write safe on disk, in one place. 
 data sets with it, bookkeeping.py a run's checkpoints and log, lab/ its results and figures.
 
 - Written whole: every file takes its name only when whole (write_atomically), from a temporary
-  file beside it.
+  file beside it that this process has just created, under a name nobody can know beforehand.
+- Never through a link: no file is written through a symbolic link this process did not make. A
+  temporary's name is new and opened exclusively; a lock file or a log that is a link is refused.
 - One writer: a directory is held by one process at a time through its file .lock (lock), for as
   long as that process keeps it open; the system frees it when the process ends, however it ends.
 - Finished or not: a data set is written between two versions of its dataset.json (the marker),
@@ -12,6 +14,7 @@ data sets with it, bookkeeping.py a run's checkpoints and log, lab/ its results 
 """
 import json
 import os
+import secrets
 from contextlib import contextmanager
 
 try:
@@ -20,6 +23,15 @@ except ImportError:  # Windows: none (keep to one writer per directory by hand)
     fcntl = None
 
 MARKER = "dataset.json"
+# Opens that refuse a symbolic link as the last part of the path (ELOOP). Windows has no such flag:
+# there links are followed (making one takes an administrator or developer mode).
+NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)
+BINARY = getattr(os, "O_BINARY", 0)  # Windows: no newline translation under os.open
+
+
+def no_follow(path, flags):
+    """An opener for open(): path opened as open() asks, unless it is a symbolic link."""
+    return os.open(path, flags | NO_FOLLOW | BINARY, 0o666)
 
 
 def file_identity(path):
@@ -36,15 +48,22 @@ def write_atomically(path, write):
     """Write a file whole or not at all: write(f) fills a temporary file of this process's own,
     which then replaces path in one step. On any failure (a full disk, a file-size limit, Ctrl-C)
     the temporary goes and path is as it was; an OSError names path."""
-    tmp = f"{path}.{os.getpid()}.tmp"  # same directory: the rename stays within one filesystem
+    # Beside path, so that the rename stays within one filesystem. The name is random, never this
+    # process's id (which anyone can read in ps): a link planted under a name known beforehand
+    # would have the write go wherever it points. O_EXCL fails on any file of that name, link or
+    # not, rather than write into it.
+    tmp = f"{path}.{secrets.token_hex(8)}.tmp"
+    made = False
     try:
-        with open(tmp, "wb") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NO_FOLLOW | BINARY, 0o666)
+        made = True
+        with open(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())  # the bytes must be on disk before the rename makes them visible
         os.replace(tmp, path)  # atomic: readers see no file, or the old one, or the whole new one
     except BaseException as e:
-        if os.path.exists(tmp):
+        if made:
             os.remove(tmp)
         # torch.save reports a failed write as a RuntimeError of its own, the failure its context
         if isinstance(e, RuntimeError) and isinstance(e.__context__, (OSError, KeyboardInterrupt,
@@ -73,10 +92,19 @@ def lock(directory, shared=False, wait=False):
     """Lock directory, through its file .lock, for as long as the file returned stays open and
     this process lives: one writer, or (shared) readers. None where another process holds it;
     without wait this never blocks. A POSIX record lock: unlike flock's, it does not pass to the
-    processes this one forks (prepare.py's tokenizers), which could outlive it. Where the system
-    has no locks (Windows, a network filesystem without them), the file comes back unlocked:
-    keep to one writer at a time by hand there."""
-    f = open(os.path.join(directory, ".lock"), "r" if shared else "a")
+    processes this one forks (prepare.py's tokenizers), which could outlive it; and the system
+    drops it when its process ends, so a lock of a process that died blocks nothing. Where the
+    system has no locks (Windows, a network filesystem without them), the file comes back
+    unlocked: keep to one writer at a time by hand there. Raises ValueError where .lock is a
+    symbolic link: opening it would create or lock the file it names instead."""
+    path = os.path.join(directory, ".lock")
+    try:
+        f = open(path, "rb" if shared else "ab", opener=no_follow)
+    except OSError:
+        if os.path.islink(path):
+            raise ValueError(f"{path} is a symbolic link, which a lock file never is: not "
+                             "followed (remove it)") from None
+        raise
     try:
         if fcntl is not None:
             kind = fcntl.LOCK_SH if shared else fcntl.LOCK_EX

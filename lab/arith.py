@@ -207,6 +207,8 @@ def run_prepare(task):
         writer = lock(out_dir)  # held until this returns
     except OSError as e:
         fail(f"cannot write to out_dir {out_dir}: {e.strerror}")
+    except ValueError as e:  # its .lock is a link
+        fail(str(e))
     if writer is None:
         fail(f"another process is writing {out_dir} now: wait for it to finish, or give another "
              "--out_dir")

@@ -71,6 +71,7 @@ from kernels import memory
 from lime import (GPT, ROUTERS, DynamicRouter, GPTConfig, compile_model, last_line,
                   use_fused_kernels)
 from prepare import shard_path, write_shard
+from safe_files import write_atomically
 
 # -----------------------------------------------------------------------------
 preset = 'config/gpt2.py'  # the model that parts 3 and 4 train and profile
@@ -903,8 +904,7 @@ def main():
     text += ['', f"(all: {time.time() - check_started:.0f} s; budget {minutes:g} minutes)"]
     text = '\n'.join(text) + '\n'
     print(text)
-    with open(report, 'w', encoding='utf-8') as f:
-        f.write(text)
+    write_atomically(report, lambda f: f.write(text.encode('utf-8')))
     print(f"written to {report}", file=sys.stderr)
     if crashed:
         fail(f"{', '.join(crashed)}: stopped with an error (see the report)")
