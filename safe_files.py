@@ -15,6 +15,8 @@ data sets with it, bookkeeping.py a run's checkpoints and log, lab/ its results 
 import json
 import os
 import secrets
+import struct
+import sys
 from contextlib import contextmanager
 
 try:
@@ -115,6 +117,24 @@ def lock(directory, shared=False, wait=False):
     except OSError:  # no locks on this filesystem
         pass
     return f
+
+
+def lock_holder(directory):
+    """The id of the process that holds directory's lock, as the system says (F_GETLK), or None:
+    free by now, or where the system's answer is not read (its layout, struct flock, is Linux's
+    here: short type, short whence, off_t start, off_t length, pid_t pid)."""
+    if fcntl is None or sys.platform != "linux":
+        return None
+    layout = "hhqqi"
+    # Asked only by a process that does not hold the lock: closing any file of it drops all of a
+    # process's POSIX locks on it.
+    try:
+        with open(os.path.join(directory, ".lock"), "rb", opener=no_follow) as f:
+            asked = struct.pack(layout, fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+            kind, _, _, _, pid = struct.unpack(layout, fcntl.fcntl(f, fcntl.F_GETLK, asked))
+    except OSError:
+        return None
+    return None if kind == fcntl.F_UNLCK else pid
 
 
 def being_written(data_dir):

@@ -96,6 +96,9 @@ KEY_KINDS = {  # upper case: not a key itself
     ('bfloat16', 'float32'): ['dtype'],
 }
 config, given, autocast = configure(globals(), KEY_KINDS)
+# out_dir is this process's from here, before its checkpoint is read, to its end: a second run
+# into it is refused (None where out_dir is not made yet: the run holds it once made, below)
+out_dir_lock = bookkeeping.own(config['out_dir'])
 # With --init_from=resume: the saved run's model and settings (checked as a --key=value is), not
 # today's defaults; (None, None) for a new run.
 model, checkpoint = bookkeeping.resume_settings(config, given, KEY_KINDS)
@@ -198,7 +201,7 @@ if checkpoint is not None:
     step = checkpoint['step']
     bookkeeping.restore_state(checkpoint, optimizer, train_batches, config)
 log(f"model: {model.num_params() / 1e6:.2f}M parameters, router={gptconf.router}")
-run = bookkeeping.RunDir(config, master)  # out_dir: log.txt and ckpt.pt, which it keeps
+run = bookkeeping.RunDir(config, master, out_dir_lock)  # out_dir: log.txt and ckpt.pt, kept
 run.claim(model, checkpoint)  # resumed: the checkpoint's step and evaluation
 checkpoint = None  # free the memory
 
