@@ -1,8 +1,9 @@
 """
 bookkeeping.py: what train.py does around the training itself, so that a run survives mistakes:
-out_dir holds one run (a lock, and no earlier run replaced unless asked), a resumed run continues
-with the settings it was started with, checkpoints are written whole, and a loss that blows up
-stops the run with the last good checkpoint kept.
+out_dir holds one run (held by one process from before its checkpoint is read to the end, and no
+earlier run replaced unless asked), a resumed run continues with the settings it was started with,
+checkpoints are written whole, and a loss that blows up stops the run with the last good checkpoint
+kept.
 
     out_dir/ckpt.pt   the checkpoint (lime.save_checkpoint), with what a resumed run needs
     out_dir/log.txt   a JSON object a line: the run's settings first, then each log line's record
@@ -25,8 +26,8 @@ import torch
 
 from configurator import check_value, fail, or_fail, set_key
 from lime import GPTConfig, load_checkpoint, non_finite, save_checkpoint
-from memory import check_memory
-from prepare import lock, write_atomically
+from memory_limits import check_memory
+from safe_files import file_identity, lock, lock_holder, no_follow, write_atomically
 
 # Settings that belong to the machine a run is on, not to the run: today's, also on a resume.
 MACHINE_KEYS = {'out_dir', 'init_from', 'overwrite', 'device', 'dtype', 'compile', 'fused',
@@ -59,7 +60,7 @@ def tune_cpu_allocator():
 
 def check_training_memory(gptconf, config, built):
     """Stop in one line, before the model is built on its device, where training it cannot fit
-    in the memory this process has left there (memory.check_memory names the limit). It
+    in the memory this process has left there (memory_limits.check_memory names the limit). It
     counts the weights, their gradients and AdamW's two moments, 4 bytes a number each, and a
     floor on what autograd keeps of one micro-batch for the backward pass: per token, 8 numbers
     of n_embd and 4 of mlp_hidden a layer (norms' inputs and outputs, queries, keys, values, the
@@ -78,6 +79,27 @@ def check_training_memory(gptconf, config, built):
                  f"training's weights, gradients and AdamW moments ({4 * weights / gib:,.1f} GiB) "
                  f"and one micro-batch's activations (at least {activations / gib:,.1f} GiB)",
                  LOWER_TO_FIT)
+
+
+def own(out_dir):
+    """Hold out_dir for the rest of this process's life, before anything in it is read: a second
+    run into it, resumed or from scratch, is refused in one line naming this process, however slow
+    this one is. Rank 0 holds it (the others write nothing there). The lock file, or None where
+    out_dir is not made yet (RunDir.claim makes it, and holds it then)."""
+    if os.environ.get('RANK', '0') not in ('', '0') or not os.path.isdir(out_dir):
+        return None
+    try:
+        held = lock(out_dir)
+    except OSError as e:
+        fail(f"cannot write to out_dir {out_dir}: {e.strerror}")
+    except ValueError as e:  # its .lock is a link
+        fail(str(e))
+    if held is None:
+        holder = lock_holder(out_dir)
+        by = f" (process {holder})" if holder is not None else ""
+        fail(f"another run is training into {out_dir}{by}: wait for it, or choose another "
+             "--out_dir")
+    return held
 
 
 def resume_settings(config, given, kinds):
@@ -167,15 +189,17 @@ def restore_state(checkpoint, optimizer, batches, config):
 
 class RunDir:
     """out_dir, as the home of one run. Only rank 0 writes there: on the others the methods keep
-    track of the checkpoint (which the processes decide alike) and stop_if_not_finite stops."""
+    track of the checkpoint (which the processes decide alike) and stop_if_not_finite stops.
+    held: out_dir's lock, where own took it already."""
 
-    def __init__(self, config, master=True, measure=None):
+    def __init__(self, config, master=True, measure=None, held=None):
         self.config = config
         self.master = master
         self.measure = measure  # how the run's val losses are measured (train.py's val_measure)
         self.out_dir = config['out_dir']
         self.ckpt_path = os.path.join(self.out_dir, 'ckpt.pt')
-        self.lock = None  # out_dir's lock file, held while this process lives
+        self.lock = held  # out_dir's lock file, held while this process lives
+        self.seen = None  # ckpt.pt as this run last wrote or read it (file_identity); None: none
         self.log_file = None
         self.wandb = None  # a Weights & Biases run, with wandb_log=True
         self.saved_step = None  # the step of the checkpoint in out_dir, written or resumed from
@@ -186,10 +210,10 @@ class RunDir:
         self.replaced = []  # the files of the run that --overwrite=True replaces, moved aside
 
     def claim(self, model, checkpoint=None):
-        """Lock out_dir while this process lives, so that a second run into it is refused, and
-        write log.txt anew with the run's record (its settings, the model's size and FLOPs per
-        token). A scratch run refuses a run already there unless told to overwrite it; a resumed
-        run (checkpoint: the one resumed from) keeps the records up to its checkpoint."""
+        """Hold out_dir while this process lives (own), where not held already, and write log.txt
+        anew with the run's record (its settings, the model's size and FLOPs per token). A scratch
+        run refuses a run already there unless told to overwrite it; a resumed run (checkpoint:
+        the one resumed from) keeps the records up to its checkpoint."""
         step = 0
         if checkpoint is not None:
             step = self.saved_step = checkpoint['step']
@@ -204,14 +228,12 @@ class RunDir:
                 import wandb  # optional: imported only when asked for
             except ImportError:
                 fail("wandb_log=True needs wandb: pip install wandb (or leave wandb_log False)")
-        try:
-            os.makedirs(self.out_dir, exist_ok=True)
-            self.lock = lock(self.out_dir)  # None: another process holds it
-        except OSError as e:
-            fail(f"cannot write to out_dir {self.out_dir}: {e.strerror}")
         if self.lock is None:
-            fail(f"another run is training into {self.out_dir}: wait for it, or choose another "
-                 "--out_dir")
+            try:
+                os.makedirs(self.out_dir, exist_ok=True)
+            except OSError as e:
+                fail(f"cannot write to out_dir {self.out_dir}: {e.strerror}")
+            self.lock = own(self.out_dir)
         for name in ('ckpt.pt', 'log.txt'):  # half-written by a killed run: useless
             for tmp in glob.glob(os.path.join(glob.escape(self.out_dir), f'{name}.*.tmp')):
                 os.remove(tmp)
@@ -228,12 +250,15 @@ class RunDir:
             records = []
         else:
             records = records_up_to(records, step, self.out_dir)
+        if os.path.exists(self.ckpt_path):  # resumed from, under the lock: as it was read
+            self.seen = file_identity(self.ckpt_path)
         header = {'config': self.config, 'params': model.num_params(),
                   'flops_per_token': model.flops_per_token()}
         text = ''.join([json.dumps(header) + '\n'] + records)
         try:  # whole or not at all: on a full disk the old log is kept as it was
             write_atomically(log_path, lambda f: f.write(text.encode()))
-            self.log_file = open(log_path, 'ab', buffering=0)  # a record reaches the file at once
+            # A record reaches the file at once; a link put in its place meanwhile is not followed
+            self.log_file = open(log_path, 'ab', buffering=0, opener=no_follow)
         except OSError as e:
             fail(f"could not write {log_path}: {e.strerror}")
         if self.config.get('wandb_log'):
@@ -372,8 +397,13 @@ class RunDir:
             state = dict(optimizer=optimizer.state_dict(), step=step, rng=rng, val_loss=val_loss,
                          val_step=val_step, val_measure=self.measure,
                          best_val_loss=self.best_val_loss, config=self.config, data=batches.state())
+            if (theirs := self.later_step_on_disk(step)) is not None:
+                fail(f"{self.ckpt_path} holds step {theirs}, past this run's {step}: another run "
+                     "saved it there since this one read it, and it is kept (this run stops "
+                     "unsaved)")
             try:
                 write_atomically(self.ckpt_path, lambda f: save_checkpoint(f, model, **state))
+                self.seen = file_identity(self.ckpt_path)
             except OSError as e:  # a full disk, say: the previous checkpoint is still whole
                 fail(f"could not write {self.ckpt_path}: {e.strerror}")
             say(f"saved checkpoint to {self.ckpt_path}")
@@ -398,6 +428,18 @@ class RunDir:
             "which an evaluation must beat to replace it")
         self.saved_loss = self.best_val_loss = val_loss
         self.evaluated = (self.saved_step, val_loss)
+
+    def later_step_on_disk(self, step):
+        """The step of out_dir's checkpoint where it is not the one this run last wrote or read and
+        its step is past step: a second run saved it (one no lock kept out, as on a filesystem
+        without locks), and replacing it would lose that run's steps. Else None."""
+        try:
+            if file_identity(self.ckpt_path) == self.seen:
+                return None
+            _, theirs = load_checkpoint(self.ckpt_path, 'cpu')
+        except (OSError, ValueError):  # gone, or no checkpoint: it holds no step to keep
+            return None
+        return theirs['step'] if theirs['step'] > step else None
 
     def no_better(self):
         """With always_save_checkpoint=False and a checkpoint in out_dir, why the run's last

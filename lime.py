@@ -28,7 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
 
-from memory import memory_limit
+from memory_limits import memory_limit
 
 ROUTERS = ('none', 'static', 'dynamic')
 ROUTER_INITS = ('noisy', 'identity')  # the static router's starting weights (StaticRouter)

@@ -28,7 +28,7 @@ refused), each file under a name of its own until it is whole, and its dataset.j
 "finished" only after the last shard. The other scripts read a set once it is finished, and refuse
 one being written or left unfinished (a directory without dataset.json, of shards put there by hand
 or by an older prepare.py, is read as it is). If prepare.py fails or is stopped (Ctrl-C), it removes
-what it wrote.
+what it wrote. The lock, the whole files and the marker are safe_files.py's.
 """
 import configurator  # noqa: F401 (first, before numpy: from here Ctrl-C is one line, see there)
 
@@ -41,17 +41,14 @@ import os
 import signal
 import sys
 import zlib
-from contextlib import contextmanager
 from multiprocessing import Pool
 
 import numpy as np
 import tiktoken
 from tqdm import tqdm
 
-try:
-    import fcntl  # POSIX file locks
-except ImportError:  # Windows: none (keep to one writer per directory by hand)
-    fcntl = None
+from safe_files import (MARKER, check_finished, data_record, file_identity, holds_finished_set,
+                        lock, write_atomically, write_json, writing_data_set)
 
 MAGIC, VERSION = 20240520, 1  # identify the llm.c / modded-nanogpt shard format
 HEADER_INTS = 256
@@ -216,141 +213,6 @@ class Batches:
         buf = self.tokens[start:start + self.B * self.T + 1].astype(np.int64)
         self.pos += self.span
         return buf[:-1].reshape(self.B, self.T), buf[1:].reshape(self.B, self.T)
-
-
-def file_identity(path):
-    """What tells a file from one renamed over it (its inode) or rewritten (size, mtime)."""
-    stat = os.stat(path)
-    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
-
-
-# -----------------------------------------------------------------------------
-# files written whole, and data sets marked finished: a reader never takes half a set for one.
-# prepare.py (and lab/arith.py) write a set under a lock on its directory, between two versions of
-# its dataset.json, {"finished": false} first and {"finished": true, ...} after every shard.
-MARKER = "dataset.json"
-
-
-def write_atomically(path, write):
-    """Write a file whole or not at all: write(f) fills a temporary file of this process's own,
-    which then replaces path in one step. On any failure (a full disk, a file-size limit, Ctrl-C)
-    the temporary goes and path is as it was; an OSError names path."""
-    tmp = f"{path}.{os.getpid()}.tmp"  # same directory: the rename stays within one filesystem
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())  # the bytes must be on disk before the rename makes them visible
-        os.replace(tmp, path)  # atomic: readers see no file, or the old one, or the whole new one
-    except BaseException as e:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        # torch.save reports a failed write as a RuntimeError of its own, the failure its context
-        if isinstance(e, RuntimeError) and isinstance(e.__context__, (OSError, KeyboardInterrupt,
-                                                                      SystemExit)):
-            e = e.__context__
-        if isinstance(e, OSError) and e.errno is not None:  # named by path, not its temporary
-            raise OSError(e.errno, e.strerror, str(path)) from None
-        raise e
-
-
-def write_json(path, value):
-    """value as a JSON file, written whole (write_atomically). Raises ValueError, naming the file,
-    for a number that is not finite: JSON has none, and a file holding NaN is not JSON."""
-    try:
-        text = json.dumps(value, indent=1, allow_nan=False) + "\n"
-    except ValueError:
-        raise ValueError(f"{path}: not written: a value is not a finite number") from None
-    write_atomically(path, lambda f: f.write(text.encode("utf-8")))
-
-
-def lock(directory, shared=False, wait=False):
-    """Lock directory, through its file .lock, for as long as the file returned stays open and
-    this process lives: one writer, or (shared) readers. None where another process holds it;
-    without wait this never blocks. A POSIX record lock: unlike flock's, it does not pass to the
-    processes this one forks (prepare.py's tokenizers), which could outlive it. Where the system
-    has no locks (Windows, a network filesystem without them), the file comes back unlocked:
-    keep to one writer at a time by hand there."""
-    f = open(os.path.join(directory, ".lock"), "r" if shared else "a")
-    try:
-        if fcntl is not None:
-            kind = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
-            fcntl.lockf(f, kind if wait else kind | fcntl.LOCK_NB)
-    except (BlockingIOError, PermissionError):  # EAGAIN or EACCES: another process holds it
-        f.close()
-        return None
-    except OSError:  # no locks on this filesystem
-        pass
-    return f
-
-
-def being_written(data_dir):
-    """Whether a process holds data_dir's lock to write a data set there now."""
-    try:
-        reader = lock(data_dir, shared=True)
-    except OSError:  # no .lock: no writer has ever locked it
-        return False
-    if reader is None:
-        return True
-    reader.close()
-    return False
-
-
-def data_record(data_dir, name):
-    """The JSON object in data_dir/name (tokenizer.json, dataset.json), or None if there is no such
-    file. Raises ValueError, naming it, if it is not one."""
-    path = os.path.join(data_dir, name)
-    if not os.path.isfile(path):
-        return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            record = json.load(f)
-    except (ValueError, OSError) as e:
-        raise ValueError(f"{path}: not prepare.py's {name} ({e})") from None
-    if not isinstance(record, dict):
-        raise ValueError(f"{path}: not prepare.py's {name} (not a JSON object)")
-    return record
-
-
-def check_finished(data_dir):
-    """Raise ValueError, saying why, if data_dir holds a set that was begun and not finished: one
-    being written now, or one whose writer stopped. A directory without dataset.json holds shards
-    from elsewhere (modded-nanogpt's, or an older prepare.py's): they are read as they are."""
-    marker = data_record(data_dir, MARKER)
-    if marker is None or marker.get("finished") is True:
-        return
-    if being_written(data_dir):
-        raise ValueError(f"{data_dir} is being written now (prepare.py, or train.py preparing it): "
-                         "wait until it has finished")
-    raise ValueError(f"{data_dir} holds an unfinished data set (its writer stopped before the "
-                     "end): prepare it again")
-
-
-def holds_finished_set(data_dir, last):
-    """Whether data_dir holds a finished data set: its dataset.json says so, or, with none (a set
-    of an older version), the file that version wrote last is there (path `last`)."""
-    marker = data_record(data_dir, MARKER)
-    if marker is not None:
-        return marker.get("finished") is True
-    return os.path.exists(last)
-
-
-@contextmanager
-def writing_data_set(out_dir):
-    """Around the writing of a data set into out_dir, which this process has locked: dataset.json
-    says "unfinished" until the end, then "finished" with the summary (a dict yielded to fill).
-    On any failure (a full disk, Ctrl-C) every file written meanwhile goes instead, and only
-    those: the set is whole or absent."""
-    before = set(os.listdir(out_dir))
-    summary = {}
-    try:
-        write_json(os.path.join(out_dir, MARKER), {"finished": False})
-        yield summary
-        write_json(os.path.join(out_dir, MARKER), {"finished": True, **summary})
-    except BaseException:
-        for name in set(os.listdir(out_dir)) - before:
-            os.remove(os.path.join(out_dir, name))
-        raise
 
 
 # -----------------------------------------------------------------------------
@@ -634,6 +496,8 @@ def main(argv=None, wait=False):
             writer = lock(out_dir, wait=True)
     except OSError as e:  # out_dir not writable, or a file
         sys.exit(f"prepare.py: error: cannot write to out_dir {out_dir}: {e.strerror}")
+    except ValueError as e:  # its .lock is a link
+        sys.exit(f"prepare.py: error: {e}")
     if writer is None:
         sys.exit(f"prepare.py: error: another process is writing {out_dir} now (prepare.py, or "
                  "train.py preparing it): wait for it to finish, or give another --out_dir")

@@ -17,7 +17,7 @@ import sys
 import torch
 
 from lime import load_model, use_fused_kernels
-from memory import check_memory
+from memory_limits import check_memory
 from prepare import BYTES_DOC, BYTES_VOCAB, decode_bytes, gpt2_encoding
 
 # -----------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import bookkeeping
 from lime import GPT, GPTConfig, compile_model, use_fused_kernels
-from memory import out_of_memory_in_one_line
+from memory_limits import out_of_memory_in_one_line
 from prepare import (BYTES_VOCAB, Batches, data_tokenizer, prepare_if_default, read_shard,
                      shard_paths, token_bytes)
 
@@ -99,6 +99,9 @@ KEY_KINDS = {  # upper case: not a key itself
     ('bfloat16', 'float32'): ['dtype'],
 }
 config, given, autocast = configure(globals(), KEY_KINDS)
+# out_dir is this process's from here, before its checkpoint is read, to its end: a second run
+# into it is refused (None where out_dir is not made yet: the run holds it once made, below)
+out_dir_lock = bookkeeping.own(config['out_dir'])
 # With --init_from=resume: the saved run's model and settings (checked as a --key=value is), not
 # today's defaults; (None, None) for a new run.
 model, checkpoint = bookkeeping.resume_settings(config, given, KEY_KINDS)
@@ -192,7 +195,7 @@ if mc_interval:  # a multiple-choice task, scored during training: lab/evaluate.
 
 # -----------------------------------------------------------------------------
 # model and optimizer: what training holds must fit in this process's memory (checked first)
-run = bookkeeping.RunDir(config, master, val_measure)  # out_dir: log.txt and ckpt.pt, kept
+run = bookkeeping.RunDir(config, master, val_measure, out_dir_lock)  # out_dir: log.txt, ckpt.pt
 bookkeeping.check_training_memory(gptconf, config, built=model is not None)
 # The check counts a floor: memory that runs out all the same, here or at any step, ends the run in
 # one line naming what to lower, with out_dir's last checkpoint as it was.

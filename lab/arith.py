@@ -55,8 +55,8 @@ import torch
 from configurator import configure, fail, or_fail
 from lab import json_line, read_json
 from lime import load_model
-from prepare import (MARKER, check_finished, holds_finished_set, lock, read_shard, shard_path,
-                     shard_paths, write_json, write_shard, writing_data_set)
+from prepare import read_shard, shard_path, shard_paths, write_shard
+from safe_files import MARKER, check_finished, holds_finished_set, lock, write_json, writing_data_set
 
 # -----------------------------------------------------------------------------
 mode = 'prepare'  # 'prepare': write the data set; 'eval': score a checkpoint
@@ -207,6 +207,8 @@ def run_prepare(task):
         writer = lock(out_dir)  # held until this returns
     except OSError as e:
         fail(f"cannot write to out_dir {out_dir}: {e.strerror}")
+    except ValueError as e:  # its .lock is a link
+        fail(str(e))
     if writer is None:
         fail(f"another process is writing {out_dir} now: wait for it to finish, or give another "
              "--out_dir")

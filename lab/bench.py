@@ -28,7 +28,7 @@ import torch
 from configurator import configure, fail, or_fail
 from lab.gpu_check import cell, commit, ratio  # as in its report
 from lime import GPT, ROUTERS, GPTConfig, compile_model, use_fused_kernels
-from memory import check_memory
+from memory_limits import check_memory
 
 SHAPES = {  # name: (GPTConfig fields, batch size)
     'gpt2': (dict(n_layer=12, n_head=12, n_embd=768, block_size=1024), 32),

@@ -60,7 +60,8 @@ import torch.nn.functional as F
 from configurator import configure, fail, or_fail, read_text
 from lab import json_line
 from lime import compile_model, load_model, use_fused_kernels
-from prepare import EOT, gpt2_encoding, read_shard, shard_paths, token_bytes, write_atomically
+from prepare import EOT, gpt2_encoding, read_shard, shard_paths, token_bytes
+from safe_files import write_atomically
 
 # -----------------------------------------------------------------------------
 out_dir = 'out'  # the directory holding ckpt.pt

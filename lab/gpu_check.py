@@ -51,6 +51,7 @@ from lab.plot import read_log
 from lime import (GPT, DynamicRouter, GPTConfig, StaticRouter, compile_model, last_line,
                   use_fused_kernels)
 from prepare import shard_path, write_shard
+from safe_files import write_atomically
 
 # -----------------------------------------------------------------------------
 preset = 'config/gpt2.py'  # the model of the profile, training and train_py parts
@@ -655,8 +656,7 @@ def main():
                      f"({name}: {time.time() - part_started:.0f} s)"]
     text = '\n'.join(text + ['', f"(all: {time.time() - started:.0f} s of {minutes:g} minutes)"])
     print(text)
-    with open(report, 'w', encoding='utf-8') as f:
-        f.write(text + '\n')
+    write_atomically(report, lambda f: f.write(text.encode('utf-8')))
     print(f"written to {report}", file=sys.stderr)
     if failed:
         fail(f"{', '.join(failed)}: a check failed, or a piece with an error (see the report)")

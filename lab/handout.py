@@ -41,8 +41,10 @@ def write_handout(out_dir):
     """Copies the tracked files but LEFT_OUT into out_dir; how many it copied."""
     if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
         fail(f"{out_dir} exists and is not an empty directory: give a new one")
-    if os.path.abspath(out_dir).startswith(os.path.join(ROOT, '')):
-        fail(f"{out_dir} is inside the repo: give a directory outside it")
+    # Links followed: a link outside that leads back in would have the copy written into the repo
+    root = os.path.realpath(ROOT)
+    if os.path.commonpath([root, os.path.realpath(out_dir)]) == root:
+        fail(f"{out_dir} is inside the repo (links followed): give a directory outside it")
     copied = 0
     for path in tracked_files():
         source = os.path.join(ROOT, path)

@@ -38,7 +38,7 @@ import torch
 
 from configurator import configure, fail
 from lab import read_json
-from prepare import write_atomically
+from safe_files import write_atomically
 
 try:
     import matplotlib

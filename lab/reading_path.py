@@ -11,11 +11,11 @@ the result, and tests/test_layout.py checks that it still does.
 
 What counts: all of train.py; of lime.py its docstring and imports; a function's lines from its
 first decorator to its last line; a class's header, docstring and fields, and the methods that ran.
-bookkeeping.py's functions are taken at their names (a first reading need not open them), as are
-the configurator's helpers behind configure. Two totals: every function run, and the same with
-prepare.py's file helpers (HELPERS: the shard format, the tokenizer record, a data set's finished
-mark, the bytes per token, the quick start's data) also taken at their names, so that of prepare.py
-only Batches is read.
+bookkeeping.py's and safe_files.py's functions are taken at their names (a first reading need not
+open them), as are the configurator's helpers behind configure. Two totals: every function run,
+and the same with prepare.py's file helpers (HELPERS: the shard format, the tokenizer, the bytes
+per token, the quick start's data) also taken at their names, so that of prepare.py only Batches
+is read.
 """
 import ast
 import contextlib
@@ -32,7 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FOLLOWED = ('train.py', 'lime.py', 'prepare.py')  # calls made from these files are followed
 COUNTED = ('lime.py', 'prepare.py', 'configurator.py')  # the files whose functions are counted
 HELPERS = ('read_shard', 'shard_path', 'shard_paths', 'token_bytes', 'data_tokenizer',
-           'prepare_if_default', 'data_record', 'check_finished')
+           'prepare_if_default')
 # -----------------------------------------------------------------------------
 data_dir = 'data/pydoc_bytes'  # the demo's data (train.py prepares it where missing)
 # -----------------------------------------------------------------------------

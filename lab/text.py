@@ -44,6 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from configurator import configure, fail
 from lab import plot, read_json
+from safe_files import write_json
 
 # -----------------------------------------------------------------------------
 stage = 'grid'  # 'grid', 'compare', 'all' (the two) or 'report' (see above)
@@ -204,10 +205,7 @@ def run_one(run, where, n_steps):
               'router_lr': lr * x, 'router_init': init, 'seed': seed, 'step': score['step'],
               'bpb': score['bpb'], 'val_loss': val[-1]['val_loss'],
               'minutes': (time.time() - started) / 60, 'settings': settings(n_steps)}
-    final = os.path.join(run_dir, 'final.json')
-    with open(final + '.tmp', 'w') as f:
-        json.dump(record, f)
-    os.replace(final + '.tmp', final)  # whole or absent: a kill never leaves half of it
+    write_json(os.path.join(run_dir, 'final.json'), record)  # whole or absent, as every result
     print(f"done: {name}: {record['bpb']:.4f} bits per byte ({record['minutes']:.1f} min)",
           flush=True)
     return record

@@ -139,9 +139,10 @@ def root(tmp_path_factory, gpt2):
 
 
 def snapshot(root):
-    """Every file of the earlier run, the data and the bad inputs, by content."""
+    """Every file of the earlier run, the data and the bad inputs, by content; but .lock, the empty
+    file a run into a directory holds it by (it makes one where there is none), none of its files."""
     return {str(path): hashlib.sha256(path.read_bytes()).hexdigest()
-            for path in sorted(root.rglob('*')) if path.is_file()}
+            for path in sorted(root.rglob('*')) if path.is_file() and path.name != '.lock'}
 
 
 def case(name, script, args, message, needs_no_gpu=False, alone=False):
@@ -323,7 +324,7 @@ CASES = [
     case('gpu-check-unknown-part', 'lab/gpu_check.py', '--parts=self_check,speed',
          "parts: 'speed' is not one of self_check, gradients, training, profile, deep, tests"),
     # sizes past this machine's memory: refused before anything is allocated, in one line (the
-    # model's weights in lime.GPTConfig; a script's own arrays in memory.check_memory)
+    # model's weights in lime.GPTConfig; a script's own arrays in memory_limits.check_memory)
     *[case(f'train-huge-{key}', 'train.py', f'--device=cpu --{key}={value}',
            "the model's weights alone take")
       for key, value in [('n_layer', 10**9), ('n_embd', 12 * 10**8), ('mlp_hidden', 10**9),
@@ -413,8 +414,8 @@ def digest(p):
     if hashed.get(p, (None,))[0] != (st.st_size, st.st_mtime_ns, st.st_ino):
         hashed[p] = (st.st_size, st.st_mtime_ns, st.st_ino), hashlib.sha256(p.read_bytes()).hexdigest()
     return hashed[p][1]
-def snapshot():
-    return {str(p): digest(p) for p in sorted(root.rglob('*')) if p.is_file()}
+def snapshot():  # but .lock: the empty file a run into a directory holds it by, none of its files
+    return {str(p): digest(p) for p in sorted(root.rglob('*')) if p.is_file() and p.name != '.lock'}
 results = {}
 repo = sys.argv[2]
 sys.path.insert(0, repo)  # for `python -m lab.NAME` and for the scripts' imports

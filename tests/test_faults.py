@@ -31,8 +31,9 @@ import torch
 
 import bookkeeping
 import configurator
+import safe_files
 import lime
-import memory
+import memory_limits
 import prepare
 from test_train import ROOT, TINY, command, read_log, run, saved, train
 from test_train import data_dir  # noqa: F401 (a fixture)
@@ -529,7 +530,7 @@ NO_DATA = type('Batches', (), {'state': lambda self: {}})()  # for a checkpoint:
 
 def fill_the_disk(monkeypatch, room=100):
     """Every file write_atomically opens fails, as on a full disk, after room bytes."""
-    monkeypatch.setattr(prepare, 'open', lambda path, mode: FullDisk(open(path, mode), room),
+    monkeypatch.setattr(safe_files, 'open', lambda path, mode: FullDisk(open(path, mode), room),
                         raising=False)
 
 
@@ -542,7 +543,7 @@ def test_a_write_that_fails_keeps_the_old_file_leaves_no_temporary_and_names_the
     optimizer = torch.optim.AdamW(model.parameters())
     writes = {  # each writer, and the file it writes
         'shard': (lambda: prepare.write_shard(tmp_path / 'x.bin', np.arange(1000)), 'x.bin'),
-        'json': (lambda: prepare.write_json(tmp_path / 'task.json', {'a': [0] * 100}), 'task.json'),
+        'json': (lambda: safe_files.write_json(tmp_path / 'task.json', {'a': [0] * 100}), 'task.json'),
         'checkpoint': (lambda: run_dir.save(model, optimizer, NO_DATA, 5), 'ckpt.pt'),
     }
     for what, (write, name) in writes.items():
@@ -684,7 +685,7 @@ def test_no_json_file_or_line_holds_a_number_that_is_not_finite(tmp_path):
     from lab import json_line
     for bad in (float('nan'), float('inf')):
         with pytest.raises(ValueError, match=f"^{tmp_path}/result.json: not written: a value is "):
-            prepare.write_json(tmp_path / 'result.json', {'bpb': bad})
+            safe_files.write_json(tmp_path / 'result.json', {'bpb': bad})
         assert not os.listdir(tmp_path)
         with pytest.raises(SystemExit, match="^error: a result is not a finite number"):
             json_line({'bpb': bad})
@@ -777,7 +778,7 @@ forward = lime.GPT.forward
 
 def running_out(self, idx, targets=None):
     if targets is not None and WHERE == 'cpu':
-        mapped, _ = memory.held_bytes()
+        mapped, _ = memory_limits.held_bytes()
         resource.setrlimit(resource.RLIMIT_AS, (mapped + 64 * 2**20, resource.RLIM_INFINITY))
     elif targets is not None:
         raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 ...')
@@ -825,14 +826,14 @@ def test_a_cgroups_memory_limit_is_found_above_the_process_and_named(tmp_path, m
             raise FileNotFoundError(path)
         return io.StringIO(files[path])
 
-    monkeypatch.setattr(memory, 'open', fake_open, raising=False)
-    assert memory.cgroup_limit() == (2**30, f'{root}/job/{name}')
-    monkeypatch.setattr(memory, 'held_bytes', lambda: (0, 0))
-    assert memory.memory_limit('cpu') == (
+    monkeypatch.setattr(memory_limits, 'open', fake_open, raising=False)
+    assert memory_limits.cgroup_limit() == (2**30, f'{root}/job/{name}')
+    monkeypatch.setattr(memory_limits, 'held_bytes', lambda: (0, 0))
+    assert memory_limits.memory_limit('cpu') == (
         2**30, f"left to this process by its cgroup's limit ({root}/job/{name}: 1.0 GiB)")
     with pytest.raises(SystemExit, match=rf"^error: 2 GiB of samples take 2.0 GiB, more than the "
                                          rf"1.0 GiB left to this process by its cgroup's limit"):
-        memory.check_memory(2 * 2**30, 'cpu', '2 GiB of samples')
+        memory_limits.check_memory(2 * 2**30, 'cpu', '2 GiB of samples')
 
 
 # -----------------------------------------------------------------------------

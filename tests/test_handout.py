@@ -62,3 +62,14 @@ def test_handout_refuses_a_directory_that_holds_files(tmp_path):
     assert result.returncode == 1
     assert result.stderr.strip() == f"error: {tmp_path} exists and is not an empty directory: " \
                                     "give a new one"
+
+
+def test_handout_refuses_an_out_dir_that_a_link_leads_into_the_repo(tmp_path):
+    os.symlink(ROOT, tmp_path / 'repo')
+    out_dir = tmp_path / 'repo' / 'class-copy'  # outside, as written; inside, links followed
+    result = subprocess.run([sys.executable, '-m', 'lab.handout', f'--out_dir={out_dir}'],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert result.stderr.strip() == f"error: {out_dir} is inside the repo (links followed): give " \
+                                    "a directory outside it"
+    assert not os.path.exists(os.path.join(ROOT, 'class-copy'))

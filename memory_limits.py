@@ -1,10 +1,10 @@
 """
-memory.py: the memory a job may still take, checked before it takes it, and what happens when it
-runs out all the same. Past the memory a job ends in torch's traceback, or is killed (the OOM
-killer, a scheduler) with nothing said; here it ends in one line, `error: ...`, naming the limit
-and what to lower. lime.GPTConfig checks a model's weights; train.py, sample.py and lab/bench.py
-the rest of a job (check_memory), and train.py makes a step that runs out anyway one line too
-(out_of_memory_in_one_line).
+memory_limits.py: the memory a job may still take, checked before it takes it, and what happens
+when it runs out all the same. Past the memory a job ends in torch's traceback, or is killed (the
+OOM killer, a scheduler) with nothing said; here it ends in one line, `error: ...`, naming the
+limit and what to lower. lime.GPTConfig checks a model's weights; train.py, sample.py and
+lab/bench.py the rest of a job (check_memory), and train.py makes a step that runs out anyway one
+line too (out_of_memory_in_one_line).
 """
 import os
 import re
