@@ -8,7 +8,7 @@ routers are compared at the rates tuning chose, over seeds, at two depths.
     python -m lab.text --stage=compare    # the chosen rates (`chosen`), seeds 1-4: none, static and
                                           # dynamic at 8 layers, none and static at 24 layers
     python -m lab.text --stage=report     # the tables and the figure of the runs that finished
-    python -m lab.text config/text_depth.py --stage=all   # the depth experiment, every stage:
+    python -m lab.text lab/text_depth.py --stage=all   # the depth experiment, every stage:
                                           # tuned at 24 layers, both static starts, held-out seeds
 
 --stage=all runs the grid, then the comparison. `chosen` is what the grid chose, set by whoever
@@ -296,6 +296,16 @@ def grid_table(records):
         lines.append(f"best {router}: lr {r['learning_rate']:g}" +
                      ('' if router == 'none' else f", router_lr {x:g}x") +
                      f": {r['bpb']:.4f} bits per byte")
+    items = []  # each router's lowest, whatever its start: `chosen`'s items for the grid's depth
+    for router in ROUTERS:
+        mine = [r for r in records if r['router'] == router]
+        if mine:
+            r = min(mine, key=lambda r: r['bpb'])
+            init = r.get('router_init', 'noisy')
+            items.append(f"{r['layers']}/{router}:{r['learning_rate']:g}:"
+                         f"{round(r['router_lr'] / r['learning_rate'], 6):g}" +
+                         ('' if init == 'noisy' else f":{init}"))
+    lines.append(f"as chosen: {','.join(items)}")
     return '\n'.join(lines)
 
 

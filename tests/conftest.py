@@ -1,5 +1,6 @@
 """
-What the tests share: whether GPT-2's tokenizer files are at hand without the network. tiktoken
+What the tests share: Ctrl-C as a terminal gives it, and whether GPT-2's tokenizer files are at
+hand without the network. tiktoken
 downloads them (1.5 MB) on first use and caches them; the tests never download. Where the cache
 lacks them (a newcomer offline), the tests that need them skip, saying why, and the rest run: such
 a test, or its fixture, asks for the fixture `gpt2`.
@@ -9,9 +10,17 @@ a test, or its fixture, asks for the fixture `gpt2`.
 import collections
 import hashlib
 import os
+import signal
 import tempfile
 
 import pytest
+
+# The tests of Ctrl-C send SIGINT to the scripts they start, which must take it as a terminal's
+# Ctrl-C. A shell starts a background job (`python -m pytest &` in a script) with SIGINT ignored,
+# and every process it starts would inherit that: pytest takes Python's own Ctrl-C back, which a
+# process it starts then has from the start, as one started in a terminal.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # The two files of tiktoken's "gpt2" encoding (tiktoken_ext/openai_public.py). tiktoken/load.py
 # caches each under the SHA-1 of its URL, in TIKTOKEN_CACHE_DIR, else DATA_GYM_CACHE_DIR, else

@@ -772,7 +772,7 @@ def test_training_that_does_not_fit_under_ulimit_v_is_refused_naming_the_limit(d
 OUT_OF_MEMORY = '''
 import resource, runpy, sys
 import torch
-import lime, memory
+import lime, memory_limits
 WHERE = {where!r}
 forward = lime.GPT.forward
 

@@ -114,6 +114,11 @@ def test_both_static_starts_tuned_then_compared_per_depth_with_held_out_seeds(se
     assert (header['router'], header['router_init']) == ('static', 'identity')
     assert '| static (identity) | 1x |' in grid.stdout
     assert 'best static (identity): lr 0.003, router_lr 1x' in grid.stdout
+    records = {name: json.loads((runs / name / 'final.json').read_text())['bpb'] for name in
+               ('L1_static_lr0.003_x1_s1', 'L1_static_lr0.003_x1_identity_s1')}
+    start = ':identity' if records['L1_static_lr0.003_x1_identity_s1'] < records[
+        'L1_static_lr0.003_x1_s1'] else ''
+    assert f'as chosen: 1/none:0.003:0,1/static:0.003:1{start}' in grid.stdout, grid.stdout
 
     # A start and rates for one depth alone; the held-out seeds run last and are reported apart.
     chosen = '--chosen=none:1e-3:0,static:1e-3:1,2/static:3e-3:1:identity'
