@@ -16,12 +16,13 @@ def choose(fused, device, shape=None):
     if fused is False:
         return None
     if fused is None and on_a_gpu:
-        # On a GPU the definition, compiled by the run, was the faster and took less memory: one
-        # H100, config/gpt2.py's training step (12 layers, bf16, lab.gpu_check, 2026-11-27),
-        # static 270,251 tokens/s (41.05 GiB) against memory.py's 211,578 (44.70 GiB), dynamic
-        # 334,506 (32.47 GiB) against 208,939 (44.72 GiB). One shape over 4 steps: at depth the
-        # definition has not run on a GPU, and fused=True runs memory.py there. On a CPU memory.py
-        # stays the choice (docs/performance.md measures it there).
+        # On a GPU the definition, compiled by the run, is the faster: one H200, config/gpt2.py's
+        # training step (12 layers, bf16, lab.gpu_check, 2026-11-28), static 354,063 tokens/s
+        # (31.69 GiB) against memory.py's 236,595 (31.09 GiB), dynamic 383,760 (25.52 GiB)
+        # against 267,726 (31.78 GiB); one H100 (2026-11-27) ranked them the same. One shape over
+        # 8 steps: at 64 layers the definition has not been timed against memory.py, and
+        # fused=True runs memory.py there. On a CPU memory.py stays the choice
+        # (docs/performance.md measures it there).
         return None
     if shape is not None and on_a_gpu:
         why = memory.self_check(*shape, device)

@@ -2,7 +2,7 @@
 gpu_check.py: one command that checks and times LIMe's mix on this GPU, with this torch, as a
 training run compiles it, and writes one report (markdown, to paste into docs/performance.md).
 
-    python -m lab.gpu_check                                 # within 8 minutes on one H100
+    python -m lab.gpu_check                                 # 4 minutes on one H200, 8 at most
     python -m lab.gpu_check --parts=deep,gradients --minutes=20
 
 The default parts, in this order. profile: the mixes of all the preset's layers alone
