@@ -99,7 +99,26 @@ def own(out_dir):
         by = f" (process {holder})" if holder is not None else ""
         fail(f"another run is training into {out_dir}{by}: wait for it, or choose another "
              "--out_dir")
+    settle_replaced(out_dir)
     return held
+
+
+def settle_replaced(out_dir):
+    """Finish what a run killed outright (SIGKILL, a power cut) left of an --overwrite=True:
+    out_dir/replaced holds the run it was replacing. Without a checkpoint of its own the killed
+    run saved nothing, so the replaced run goes back, as put_back would have done; with one, it
+    was killed just after saving, and the replaced run goes, as save would have done. Called
+    under out_dir's lock, so no live run is in the middle of either."""
+    aside = os.path.join(out_dir, 'replaced')
+    if not os.path.isdir(aside) or os.path.islink(aside):
+        return
+    if os.path.exists(os.path.join(out_dir, 'ckpt.pt')):
+        shutil.rmtree(aside)
+        return
+    for name in os.listdir(aside):  # over the killed run's log.txt, where it wrote one
+        os.replace(os.path.join(aside, name), os.path.join(out_dir, name))
+    os.rmdir(aside)
+    say(f"note: {out_dir} holds again the run that a killed --overwrite=True run was replacing")
 
 
 def resume_settings(config, given, kinds):
@@ -290,9 +309,9 @@ class RunDir:
         aside = os.path.join(self.out_dir, 'replaced')
         try:
             os.mkdir(aside)
-        except FileExistsError:  # left by a run killed (SIGKILL) before its first checkpoint
-            fail(f"{aside} holds a run that an earlier --overwrite=True moved aside: move its "
-                 "files back into out_dir (its own run) or delete it, then run this again")
+        except FileExistsError:  # not settled by own(): a link, or made by hand
+            fail(f"{aside} is in the way of --overwrite=True, which moves the run there: move "
+                 "it elsewhere or delete it, then run this again")
         for name in held:
             os.replace(os.path.join(self.out_dir, name), os.path.join(aside, name))
         self.replaced = held

@@ -35,7 +35,7 @@ import safe_files
 import lime
 import memory_limits
 import prepare
-from test_train import ROOT, TINY, command, read_log, run, saved, train
+from test_train import ROOT, TINY, command, logged_steps, read_log, run, saved, train
 from test_train import data_dir  # noqa: F401 (a fixture)
 
 needs_gpt2 = pytest.mark.usefixtures('gpt2')  # skipped offline, saying why (conftest.py)
@@ -280,6 +280,36 @@ def test_overwrite_keeps_the_old_run_until_the_new_one_has_saved(trained, data_d
     # Once the new run has saved, the old one is gone
     run('train.py', *new_run)
     assert saved(out)['step'] == 4 and sorted(os.listdir(out)) == ['.lock', 'ckpt.pt', 'log.txt']
+
+
+def test_an_overwrite_killed_outright_leaves_the_old_run_to_resume_or_to_replace(trained, data_dir,
+                                                                                 tmp_path):
+    out = tmp_path / 'run'
+    shutil.copytree(trained, out)
+    before = {name: (out / name).read_bytes() for name in ('ckpt.pt', 'log.txt')}
+    new_run = [*TINY, f'--data_dir={data_dir}', f'--out_dir={out}', '--overwrite=True',
+               '--max_iters=4', '--eval_interval=4']
+    resumed = ['--init_from=resume', f'--out_dir={out}', '--device=cpu', '--max_iters=4']
+    # SIGKILL at step 2, before the new run's first checkpoint: no put_back runs
+    assert signalled(tmp_path, *new_run, signum=signal.SIGKILL, at=2).returncode == -signal.SIGKILL
+    assert sorted(os.listdir(out)) == ['.lock', 'log.txt', 'replaced']
+    assert {name: (out / 'replaced' / name).read_bytes() for name in before} == before
+    # The next run into out_dir puts the old run back first: a resume continues it from step 2
+    result = run('train.py', *resumed)
+    assert 'holds again the run that a killed --overwrite=True run was replacing' in result.stdout
+    assert saved(out)['step'] == 4 and sorted(os.listdir(out)) == ['.lock', 'ckpt.pt', 'log.txt']
+    old = logged_steps(trained)
+    assert logged_steps(out)[:len(old)] == old  # the old run's records, kept
+    # Killed again, then --overwrite=True once more: it replaces the old run, as asked
+    signalled(tmp_path, *new_run, '--seed=7', signum=signal.SIGKILL, at=2)
+    run('train.py', *new_run, '--seed=7')
+    assert saved(out)['config']['seed'] == 7 and saved(out)['step'] == 4
+    assert sorted(os.listdir(out)) == ['.lock', 'ckpt.pt', 'log.txt']
+    # Killed between its checkpoint and deleting replaced/: the replaced run goes, as save does
+    (out / 'replaced').mkdir()
+    (out / 'replaced' / 'ckpt.pt').write_bytes(before['ckpt.pt'])
+    run('train.py', *resumed[:-1], '--max_iters=6')
+    assert saved(out)['step'] == 6 and sorted(os.listdir(out)) == ['.lock', 'ckpt.pt', 'log.txt']
 
 
 def test_a_run_started_under_nohup_goes_on_through_sighup(data_dir, tmp_path):
