@@ -13,9 +13,9 @@ grid_routers = 'none,static'
 grid_lrs = '3e-3,6e-3,1e-2'
 grid_router_x = '1,3'
 grid_inits = 'noisy,identity'
-# Empty until the grid has run: its choice at 24 layers; at 8 layers, the 8-layer grid's rates
-# (docs/results.md) with the start the 24-layer grid chose.
-chosen = ''
+# The 24-layer grid's choice (docs/results.md), as its `as chosen` line gives it; at 8 layers, the
+# 8-layer grid's rates with the start the 24-layer grid chose.
+chosen = '24/none:0.003:0,24/static:0.003:1:identity,8/none:1e-2:0,8/static:1e-2:1:identity'
 depths = '24,8'
 deep_routers = 'none,static'
 seeds = '1,2,3,4'
