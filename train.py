@@ -14,6 +14,7 @@ from configurator import configure, fail, or_fail  # first, before torch: Ctrl-C
 
 import math
 import os
+import sys
 import time
 import zlib
 from contextlib import nullcontext
@@ -99,6 +100,11 @@ KEY_KINDS = {  # upper case: not a key itself
     ('bfloat16', 'float32'): ['dtype'],
 }
 config, given, autocast = configure(globals(), KEY_KINDS)
+# router_init is the static router's start. A preset's (config/deep.py's 'identity') is left aside
+# when --router picks a router without that choice (none, dynamic); typed on the command line
+# with one, it would do nothing, and GPTConfig stops the run to say so.
+if config['router'] != 'static' and not any(a.startswith('--router_init=') for a in sys.argv[1:]):
+    config['router_init'] = 'noisy'
 # out_dir is this process's from here, before its checkpoint is read, to its end: a second run
 # into it is refused (None where out_dir is not made yet: the run holds it once made, below)
 out_dir_lock = bookkeeping.own(config['out_dir'])

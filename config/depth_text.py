@@ -2,8 +2,9 @@
 (python prepare.py --tokenizer=bytes), at the depth lab/depth_text.sh gives it (8 and 32 layers),
 300 steps of 16 x 128 bytes, one CPU thread a run:
     bash lab/depth_text.sh
-(docs/results.md's runs of it had router_lr 3e-2: add --router_lr=3e-2 to repeat them). Its model
-is also lab/text.py's, which sets the rates and steps itself.
+(docs/results.md's runs of it had router_lr 3e-2 and the authors' start: add --router_lr=3e-2
+--router_init=noisy to repeat them). Its model is also lab/text.py's, which sets the rates,
+steps and start itself.
 """
 out_dir = 'out/depth_text/L32_static_s1'
 data_dir = 'data/pydoc_bytes'
@@ -17,6 +18,7 @@ n_embd = 64
 vocab_size = 257
 block_size = 128
 router = 'static'
+router_init = 'identity'  # not the authors' start: the better at depth (config/deep.py says why)
 batch_size = 16
 gradient_accumulation_steps = 1
 learning_rate = 3e-3

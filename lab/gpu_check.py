@@ -117,7 +117,10 @@ def preset_values(path):
 
 
 def config_of(values):
-    return GPTConfig(**{f: values[f] for f in GPTConfig.__dataclass_fields__ if f in values})
+    # Without router_init: a preset's start for the static router (config/deep.py's) would stop
+    # the other routers' models; the start changes what a mix computes, not how fast or how right.
+    return GPTConfig(**{f: values[f] for f in GPTConfig.__dataclass_fields__
+                        if f in values and f != 'router_init'})
 
 
 def preset_model(path):
