@@ -1,6 +1,7 @@
-"""The exercises of docs/walkthrough.md: student.py to fill in, answers.py, wrong.py (typical wrong
-answers the checks must reject), and ablation.py, exercise 6's experiment. The answers are read
-from a file named by path (load): tests/test_exercises.py checks one, exercises/ablation.py
+"""The exercises of docs/walkthrough.md: student.py to fill in, answers.py, checks.py (the check of
+each exercise, against lime.py's own code), wrong.py (typical wrong answers the checks must reject,
+each in a line that names its mistake), and ablation.py, exercise 6's experiment. The answers are
+read from a file named by path (load): tests/test_exercises.py checks one, exercises/ablation.py
 trains one. A student's copy (python -m lab.handout) has neither answers.py nor wrong.py."""
 import importlib.util
 from pathlib import Path
@@ -14,7 +15,7 @@ def load(path):
     if not path.exists():
         path = ROOT / path
     if not path.is_file():
-        raise FileNotFoundError(f"no exercises file at {path} (LIME_EXERCISES names it)")
+        raise FileNotFoundError(f"no exercises file at {path}")
     spec = importlib.util.spec_from_file_location(f'exercises_{path.stem}', path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -23,7 +23,8 @@ from contextlib import nullcontext
 import torch
 
 from configurator import configure, fail, or_fail
-from exercises import load
+from exercises import ROOT, load
+from exercises.checks import verdict
 from lab.evaluate import bits_per_byte
 from lime import GPT, GPTConfig, use_fused_kernels
 from prepare import BYTES_VOCAB, Batches, prepare_if_default, read_shard, shard_paths, token_bytes
@@ -47,6 +48,32 @@ warmup_iters = 30
 min_lr = 3e-4
 # -----------------------------------------------------------------------------
 ROUTERS = ('none', 'all', 'first', 'last')
+
+
+def restricted_router(names, on_the_command_line):
+    """The RestrictedRouter of the file exercises names, checked as tests/test_exercises.py checks
+    it, before any training: a router not written, or wrong, stops here in one line. None where
+    names has no restricted router."""
+    named_by = ('--exercises' if on_the_command_line else
+                'LIME_EXERCISES' if 'LIME_EXERCISES' in os.environ else None)
+    if named_by is None and not (ROOT / exercises).is_file():
+        fail(f"{exercises}, the repo's answer, is not in this copy (a student's handout leaves it "
+             "out): train yours with LIME_EXERCISES=exercises/student.py python -m "
+             "exercises.ablation")
+    try:
+        module = load(exercises)
+    except FileNotFoundError as e:
+        fail(f"{named_by}={exercises}: {e}" if named_by else str(e))
+    except SyntaxError as e:
+        fail(f"{exercises}, line {e.lineno}: {e.msg}")
+    if not {'first', 'last'} & set(names):
+        return None
+    wrong = verdict(module, 'RestrictedRouter', exercises)
+    if wrong is not None:
+        fail(f"{exercises}: RestrictedRouter (exercise 6): {wrong}; its check: "
+             f"LIME_EXERCISES={exercises} python -m pytest -q tests/test_exercises.py -k "
+             "RestrictedRouter")
+    return module.RestrictedRouter
 
 
 def lr_factor(step):
@@ -97,7 +124,7 @@ def mean_std(values):
 
 
 def main():
-    config, _, _ = configure(globals(), {
+    config, given, _ = configure(globals(), {
         'path': ['exercises', 'data_dir'], 'text': ['routers'],
         'positive': ['k', 'seeds', 'batch_size', 'max_iters', 'learning_rate'],
         'non-negative': ['router_lr', 'weight_decay', 'warmup_iters', 'min_lr']})
@@ -108,10 +135,7 @@ def main():
     if k >= n_layer - 1:
         fail(f"k={k}: with n_layer={n_layer} every layer has at most {n_layer - 1} earlier ones, "
              "so a restricted router would read them all")
-    try:
-        RestrictedRouter = load(exercises).RestrictedRouter
-    except (FileNotFoundError, AttributeError) as e:
-        fail(f"--exercises={exercises}: {e}")
+    RestrictedRouter = restricted_router(names, 'exercises' in given)
     use_fused_kernels(False, 'cpu')  # lime.py's plain mix, the same code for every router
     prepare_if_default(data_dir)
     val_tokens = or_fail(read_shard, or_fail(shard_paths, data_dir, 'val')[0], BYTES_VOCAB)
@@ -123,10 +147,7 @@ def main():
     results = {name: [] for name in names}
     for seed in range(1, seeds + 1):
         for name in names:
-            try:
-                model = build(name, seed, RestrictedRouter)
-            except NotImplementedError:
-                fail(f"{exercises}: RestrictedRouter is not written yet (exercise 6)")
+            model = build(name, seed, RestrictedRouter)
             results[name].append(train(model, val_tokens, byte_lengths))
             print(f"seed {seed}, {name}: {results[name][-1]:.4f} bits per byte", flush=True)
 
