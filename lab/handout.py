@@ -1,10 +1,14 @@
 """
-handout.py: a student's copy of the lab, for a class: the repo's files without the exercises'
-answers (exercises/answers.py) and the wrong answers that test the checks (exercises/wrong.py). In
+handout.py: a student's copy of the lab, for a class: the repo's files without the results a
+student is asked to predict and without the answers. Left out: the exercises' answers
+(exercises/answers.py), the wrong answers that test the checks (exercises/wrong.py), the teacher's
+notebook (docs/walkthrough.ipynb, every block's output beside it) and its test
+(tests/test_walkthrough.py); docs/walkthrough.md becomes its student edition, each block's
+results folded into the answer below it, as in docs/walkthrough_student.ipynb, which stays. In
 the copy the page's check command runs the six checks on exercises/student.py: untouched, each
-fails with "not written yet"; written right, all pass; the tests that need the two files skip,
-saying why (as in a clone where they were deleted by hand). It copies the files git tracks, as
-they are on disk, so run it in a clone, from the repo root (docs/teaching.md says more):
+fails with "not written yet"; written right, all pass; the tests that need the answers skip,
+saying why. It copies the files git tracks, as they are on disk, so run it in a clone, from the
+repo root (docs/teaching.md says more):
 
     python -m lab.handout --out_dir=../lime-class
     cd ../lime-class    # then, as the page says:
@@ -15,12 +19,16 @@ import shutil
 import subprocess
 
 from configurator import configure, fail
+from lab.notebook import student_page
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # -----------------------------------------------------------------------------
 out_dir = ''  # the student's copy: a new directory, or an empty one
 # -----------------------------------------------------------------------------
-LEFT_OUT = ('exercises/answers.py', 'exercises/wrong.py')  # the answers, and the checks' tests
+# The answers, the checks' tests, and the teacher's notebook with its test.
+LEFT_OUT = ('exercises/answers.py', 'exercises/wrong.py', 'docs/walkthrough.ipynb',
+            'tests/test_walkthrough.py')
+PAGE = 'docs/walkthrough.md'  # written as its student edition (lab/notebook.py's student_page)
 CHECK = 'LIME_EXERCISES=exercises/student.py python -m pytest -q tests/test_exercises.py'
 
 
@@ -52,7 +60,13 @@ def write_handout(out_dir):
             continue
         target = os.path.join(out_dir, path)
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        shutil.copy2(source, target)
+        if path == PAGE:
+            with open(source) as f:
+                page = student_page(f.read())
+            with open(target, 'w') as f:
+                f.write(page)
+        else:
+            shutil.copy2(source, target)
         copied += 1
     return copied
 
@@ -65,7 +79,8 @@ def main():
         copied = write_handout(config['out_dir'])
     except OSError as e:
         fail(f"cannot write {e.filename or config['out_dir']}: {e.strerror or e}")
-    print(f"wrote {config['out_dir']}: {copied} files, without {' and '.join(LEFT_OUT)}")
+    print(f"wrote {config['out_dir']}: {copied} files, without {', '.join(LEFT_OUT)}, and "
+          f"{PAGE} as its student edition")
     print(f"students check their answers there with: {CHECK}")
 
 

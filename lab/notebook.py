@@ -49,6 +49,10 @@ where what a block prints is in its answer.*""",
 Write down your prediction, run the block, then click "Answer" to compare. Section 9 draws
 heatmaps with matplotlib (`pip install matplotlib`).*""",
 }
+PAGE_NOTE = """*The student's edition of this page, written by `python -m lab.handout`: what each
+block printed on a 2-core x86-64 VM (torch 2.13.0, CPU), and the asserts that check it, are in the
+folded answer below the block. Write down your prediction, run the block, then open "Answer" to
+compare.*"""
 SETUP = """import os
 import sys
 
@@ -60,9 +64,10 @@ if not os.path.exists('lime.py'):
 sys.path.insert(0, os.getcwd())  # import lime from the repo root"""
 
 
-def page_cells(text):
+def page_cells(text, attach=True):
     """[(kind, source)]: the page's markdown ('markdown', a cell per section) and its Python
-    blocks ('code'), in order; images of assets/ linked as the notebook's attachments."""
+    blocks ('code'), in order; images of assets/ linked as the notebook's attachments (attach),
+    or as the page links them."""
     found = []
     parts = re.split(r'^```python\n(.*?)^```\n', text, flags=re.M | re.S)  # text, code, text, ...
     for i, part in enumerate(parts):
@@ -71,7 +76,9 @@ def page_cells(text):
             continue
         for section in re.split(r'^(?=## )', part, flags=re.M):  # before each section heading
             if section.strip():
-                found.append(('markdown', IMAGE.sub(r'![\1](attachment:\2)', section.strip('\n'))))
+                section = section.strip('\n')
+                found.append(('markdown', IMAGE.sub(r'![\1](attachment:\2)', section)
+                              if attach else section))
     return found
 
 
@@ -82,6 +89,15 @@ def cells(text, edition='teacher'):
     if edition == 'student':
         found = results_in_answers(found)
     return found[:1] + [('markdown', NOTES[edition]), ('code', SETUP)] + found[1:]
+
+
+def student_page(text):
+    """The page's student edition, in markdown (python -m lab.handout puts it in a class's copy):
+    as the student's notebook has it, each block's results moved into its answer's fold."""
+    found = results_in_answers(page_cells(text, attach=False))
+    found = found[:1] + [('markdown', PAGE_NOTE)] + found[1:]
+    return '\n\n'.join(source if kind == 'markdown' else f"```python\n{source}\n```"
+                       for kind, source in found) + '\n'
 
 
 def results_in_answers(found):
