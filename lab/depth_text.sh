@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # lab/depth_text.sh: the paper's depth claim on text, on a CPU (docs/results.md). Trains
 # config/depth_text.py (byte-level Python docs) with each router, depth and seed, at most JOBS runs
-# at a time with one thread each, then prints the final validation losses (per seed pair) and draws
-# the loss curves by step and by FLOPs.
+# at a time with one thread each, then prints the final validation losses (per seed pair) and, with
+# matplotlib, draws the loss curves by step and by FLOPs.
 #   bash lab/depth_text.sh                                  # 8 and 32 layers x none, static x 3 seeds
 #   DEPTHS="2" SEEDS="1" bash lab/depth_text.sh --max_iters=4   # a tiny run (the test's)
 # Environment: DEPTHS, ROUTERS, SEEDS, JOBS (2), OUT (out/depth_text), DATA (data/pydoc_bytes),
@@ -49,9 +49,6 @@ for L in $DEPTHS; do for s in $SEEDS; do for r in $ROUTERS; do  # a failed run s
     [ -f "$OUT/L${L}_${r}_s$s/done.json" ] || { echo "failed: $OUT/L${L}_${r}_s$s" >&2; exit 1; }
 done; done; done
 
-runs=$(for L in $DEPTHS; do for r in $ROUTERS; do for s in $SEEDS; do
-    printf '%s,' "$OUT/L${L}_${r}_s$s"; done; done; done)
-python -m lab.plot "--runs=${runs%,}" --out="$OUT/loss_curves.png"
 python - "$OUT" "$DEPTHS" "$ROUTERS" "$SEEDS" <<'PY'
 # The last validation loss of each run, by depth and seed, and who wins each seed pair.
 import json, statistics, sys
@@ -77,3 +74,10 @@ for L in depths:
             wins = sum(loss[r, s][0] < loss['none', s][0] for s in seeds)
             print(f"{L} layers: {r} below none in {wins} of {len(seeds)} seed pairs")
 PY
+runs=$(for L in $DEPTHS; do for r in $ROUTERS; do for s in $SEEDS; do
+    printf '%s,' "$OUT/L${L}_${r}_s$s"; done; done; done)
+if python -c 'import matplotlib' 2>/dev/null; then
+    python -m lab.plot "--runs=${runs%,}" --out="$OUT/loss_curves.png"
+else
+    echo "no figure: matplotlib is not installed (pip install matplotlib); the tables above stand"
+fi

@@ -44,3 +44,29 @@ def test_laptop_command_trains_scores_and_tabulates(tmp_path):
                            env=env, timeout=120)
     assert again.returncode == 0, again.stdout + again.stderr
     assert again.stdout.count('kept: ') == 2 and 'start: ' not in again.stdout
+
+
+def without_matplotlib(tmp_path, env):
+    """env with `import matplotlib` failing in every python the script starts."""
+    blocked = tmp_path / 'blocked' / 'matplotlib'
+    blocked.mkdir(parents=True)
+    (blocked / '__init__.py').write_text("raise ImportError('matplotlib is blocked here')\n")
+    return {**env, 'PYTHONPATH': os.pathsep.join(filter(None, [str(blocked.parent),
+                                                               env.get('PYTHONPATH')]))}
+
+
+@pytest.mark.skipif(shutil.which('bash') is None, reason='lab/laptop.sh is a bash script')
+def test_laptop_command_prints_its_tables_without_matplotlib(tmp_path):
+    path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get('PATH', '')
+    env = {**os.environ, 'PATH': path, 'SEEDS': '1', 'ROUTERS': 'none static', 'JOBS': '2',
+           'OUT': str(tmp_path / 'runs'), 'DATA': str(tmp_path / 'arith'),
+           'PREPARE_ARGS': '--train_per_ops=100 --val_per_ops=60 --max_ops=2',
+           'EVAL_ARGS': '--eval_per_ops=10'}
+    result = subprocess.run(['bash', 'lab/laptop.sh', *TINY], capture_output=True, text=True,
+                            cwd=ROOT, env=without_matplotlib(tmp_path, env), timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert 'held-out exact match at 2 operators' in result.stdout
+    assert 'static beats none in' in result.stdout and 'of 1 seed pairs' in result.stdout
+    assert result.stdout.strip().splitlines()[-1] == (
+        "no figure: matplotlib is not installed (pip install matplotlib); the tables above stand")
+    assert not (tmp_path / 'runs' / 'arith_accuracy.png').exists()
