@@ -25,7 +25,7 @@ import torch
 from configurator import configure, fail, or_fail
 from exercises import load
 from lab.evaluate import bits_per_byte
-from lime import GPT, GPTConfig, use_fused_kernels
+from lime import GPT, GPTConfig
 from prepare import BYTES_VOCAB, Batches, prepare_if_default, read_shard, shard_paths, token_bytes
 
 # -----------------------------------------------------------------------------
@@ -112,7 +112,6 @@ def main():
         RestrictedRouter = load(exercises).RestrictedRouter
     except (FileNotFoundError, AttributeError) as e:
         fail(f"--exercises={exercises}: {e}")
-    use_fused_kernels(False, 'cpu')  # lime.py's plain mix, the same code for every router
     prepare_if_default(data_dir)
     val_tokens = or_fail(read_shard, or_fail(shard_paths, data_dir, 'val')[0], BYTES_VOCAB)
     byte_lengths, why = token_bytes(BYTES_VOCAB, data_dir)
