@@ -25,7 +25,7 @@ from dataclasses import fields
 import torch
 
 from configurator import check_value, fail, or_fail, set_key
-from lime import GPTConfig, load_checkpoint, non_finite, save_checkpoint
+from lime import GPTConfig, load_checkpoint, save_checkpoint
 from memory_limits import check_memory
 from safe_files import file_identity, lock, lock_holder, no_follow, write_atomically
 
@@ -136,7 +136,9 @@ def resume_settings(config, given, kinds):
              "one of them")
     path = os.path.join(config['out_dir'], 'ckpt.pt')
     # To the CPU: train.py moves the model to its device (under torchrun, known only later).
-    model, checkpoint = or_fail(load_checkpoint, path, 'cpu', CHECKPOINT_KEYS)
+    model, checkpoint = or_fail(load_checkpoint, path, 'cpu')
+    if missing := [key for key in CHECKPOINT_KEYS if key not in checkpoint]:
+        fail(f"{path} holds no {', '.join(missing)}: not a checkpoint train.py can resume")
     saved = checkpoint['config']
     # The schedule's length is kept (checkpoints of older versions saved 0 for "max_iters").
     saved['lr_decay_iters'] = saved.get('lr_decay_iters') or saved.get('max_iters', 0)
@@ -398,7 +400,9 @@ class RunDir:
         the val loss of the run's last evaluation (at an evaluation, that of its own weights), and
         is written whole or not at all. Weights that are not finite stop the run at an evaluation;
         on a stop, self.unsaved says why the checkpoint was kept, for stop's line."""
-        if where := non_finite(model):
+        bad = [name for name, w in model.state_dict().items() if not torch.isfinite(w).all()]
+        if bad:
+            where = f"nan or inf in {bad[0]}" + (f" and {len(bad) - 1} more" if len(bad) > 1 else "")
             why = f"its weights are not finite ({where})"
             if not signum:
                 fail(f"{why} at step {step}: stopping. {self.advice()}")

@@ -19,7 +19,7 @@ from contextlib import nullcontext
 
 # What a key may hold: a test, and how an error states it. A script gives a key a kind or a tuple
 # of allowed values where the script itself uses the value; the model's keys are checked where they
-# are used, by lime.GPTConfig, so they need none here (nor do True/False keys and None, automatic).
+# are used, by lime.GPTConfig, so they need none here (nor do True/False keys).
 KINDS = {
     'positive': (lambda v: v > 0, '> 0'),
     'non-negative': (lambda v: v >= 0, '>= 0'),
@@ -40,7 +40,7 @@ def configure(namespace, kinds, argv=None):
     pays)."""
     import torch  # here, not above: see the module's docstring
     config = {k: v for k, v in namespace.items() if k.islower() and not k.startswith('_')
-              and (type(v) in (int, float, bool, str) or k == 'fused')}  # fused=None: automatic
+              and type(v) in (int, float, bool, str)}
     argv = sys.argv[1:] if argv is None else argv
     if '-h' in argv or '--help' in argv:
         print_help(config)
@@ -62,7 +62,7 @@ def configure(namespace, kinds, argv=None):
         given.add(set_key(config, key, value, f"--{key}"))
     kind_of = {key: kind for kind, keys in kinds.items() for key in keys}
     for key, value in config.items():
-        if not isinstance(value, bool) and value is not None:
+        if not isinstance(value, bool):
             check_value(key, value, kind_of.get(key))
     device_type = 'cuda' if config.get('device', 'cpu').startswith('cuda') else 'cpu'
     if device_type == 'cpu':
@@ -165,9 +165,7 @@ def set_key(config, key, value, where):
     default = config[key]
     if isinstance(default, float) and type(value) is int:
         value = float(value)
-    if default is None and value is not None and type(value) is not bool:
-        fail(f"{where}: {key} must be None (automatic), True or False, got {value!r}")
-    if default is not None and type(value) is not type(default):
+    if type(value) is not type(default):
         fail(f"{where}: {key} must be {type(default).__name__} (like {default!r}), got {value!r}")
     config[key] = value
     return key

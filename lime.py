@@ -16,19 +16,14 @@ head size, S source layers (l + 1 at layer l). Keys and values travel together a
 (B, T, 2, G, hs): a router mixes both with the same weights.
 """
 import math
-import os
 import pickle
-import re
 import sys
-import zipfile
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint
-
-from memory_limits import memory_limit
 
 ROUTERS = ('none', 'static', 'dynamic')
 ROUTER_INITS = ('noisy', 'identity')  # the static router's starting weights (StaticRouter)
@@ -81,16 +76,6 @@ class GPTConfig:
             raise ValueError(f"n_embd ({self.n_embd}) must split into n_head ({self.n_head}) heads "
                              "of even size (RoPE rotates channel pairs), and n_head must be a "
                              f"multiple of n_kv_head ({self.n_kv_head})")
-        # The one bound on the model's size, checked before anything is allocated: a model too
-        # big would end in torch's traceback or the OOM killer. Every script builds the model in
-        # the CPU's memory first (float32; memory_limit: the least that RAM, a cgroup or ulimit -v
-        # leave), then moves it. What a job needs beyond, train.py and sample.py check.
-        need = 4 * self.num_floats()
-        have, limit = memory_limit('cpu')
-        if have is not None and need > have:
-            raise ValueError(f"the model's weights alone take {need / 2**30:,.1f} GiB, more than "
-                             f"the {max(have, 0) / 2**30:,.1f} GiB {limit}: lower n_layer, "
-                             "n_embd, mlp_hidden, hyper_connections, vocab_size or block_size")
 
     @property
     def padded_vocab(self):
@@ -151,8 +136,6 @@ class StaticRouter(nn.Module):
         return self.weight
 
     def forward(self, h, memory):  # memory: S tensors (B, T, 2, G, hs), layers 0..l
-        if mix_kernels is not None:  # faster code for the same numbers (use_fused_kernels)
-            return mix_kernels.static_mix(self.mix_weights(), memory)
         # Head-major, as in the authors' code: a row per (layer, kv head) source, in R's column
         # order, so that the mix is one product R (G, S*G) @ sources (S*G, B*T*2*hs) and the cat
         # that lays them out is the only copy. (R @ torch.cat(memory, dim=3) gives the same
@@ -200,8 +183,6 @@ class DynamicRouter(nn.Module):
         return probs
 
     def forward(self, h, memory):  # memory: S tensors (B, T, 2, G, hs), layers 0..l
-        if mix_kernels is not None:  # faster code for the same numbers (use_fused_kernels)
-            return mix_kernels.dynamic_mix(self.mix_weights(h), memory)
         probs = self.mix_weights(h).type_as(memory[0])  # (B, T, G, S)
         # A weighted sum of S tensors, pointwise: torch.compile fuses it into one kernel.
         return sum(kv * probs[:, :, None, :, m, None] for m, kv in enumerate(memory))
@@ -263,36 +244,6 @@ def top_p_mask(weights, p):
     mass_before = sorted_share.cumsum(-1) - sorted_share  # the mass ranked above each entry
     keep = (mass_before < p).to(weights.dtype)  # keep entries until the kept mass reaches p
     return torch.zeros_like(keep).scatter(-1, order, keep)
-
-
-# The switch for faster code with the same numbers: None runs the plain PyTorch in this file (the
-# definition); else kernels/memory.py, with the same functions: static_mix, dynamic_mix,
-# LayerMemory (a head-major memory) and cross_entropy.
-mix_kernels = None
-
-
-def use_fused_kernels(fused, device, shape=None):
-    """Set the switch for every model (the scripts' `fused` key): None, kernels/memory.py on a CPU
-    and the plain PyTorch here on a GPU (compiled, the faster there: kernels/__init__.py); True,
-    kernels/memory.py, or a ValueError where its self-check at the run's shape fails on a GPU;
-    False, the plain PyTorch here. shape: the run's (kv heads, head size, dtype), for that
-    self-check. tests/test_kernels.py holds kernels/ to this file."""
-    global mix_kernels
-    mix_kernels = None
-    if fused is not False:
-        import kernels  # only when asked for: the package decides what can run here
-        mix_kernels = kernels.choose(fused, device, shape)
-    return mix_kernels
-
-
-def compile_model(model, **options):
-    """torch.compile(model, **options), as every script compiles it. kernels/memory.py's mix is a
-    graph break in each routed layer, so dynamo compiles each layer's attention on its own (their
-    layer indices differ): past its default limit of 8 such recompiles, later layers would run
-    uncompiled. It is let keep one per layer."""
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
-                                               model.config.n_layer)
-    return torch.compile(model, **options)
 
 
 # -----------------------------------------------------------------------------
@@ -424,6 +375,11 @@ class GPT(nn.Module):
         for module in self.routers() + self.hyper_connections():
             module.reset_parameters()
 
+    def layer_memory(self):
+        """LIMe's layer memory for one forward pass: entry l is layer l's raw keys/values, set by
+        its attention and read by every later layer's router. A list holds references, not copies."""
+        return [None] * self.config.n_layer
+
     def forward(self, idx, targets=None, cache=None):
         """idx: (B, T) token ids. Returns logits (B, T, vocab_size) and, given targets (B, T),
         the mean cross-entropy (targets of -1 are ignored). With a cache, idx continues it."""
@@ -437,13 +393,7 @@ class GPT(nn.Module):
         x = self.embed(idx)  # (B, T, D)
         if cfg.hyper_connections:
             x = x.unsqueeze(2).expand(-1, -1, cfg.hyper_connections, -1)  # (B, T, n, D): copies
-        # LIMe's layer memory: entry l is layer l's raw keys/values, set by its attention.
-        # (kernels/memory.py brings a memory of its own: one head-major buffer for all layers.)
-        memory = None
-        if cfg.router != 'none':
-            memory = [None] * cfg.n_layer
-            if mix_kernels is not None:
-                memory = mix_kernels.LayerMemory(cfg.n_layer)
+        memory = self.layer_memory() if cfg.router != 'none' else None
         for block in self.blocks:
             if self.checkpoint_blocks and torch.is_grad_enabled():
                 # Only the block's input is kept; the backward pass runs the block again for the
@@ -459,8 +409,8 @@ class GPT(nn.Module):
         logits = F.linear(self.final_norm(x), self.lm_head.weight, self.pad_bias)  # (B, T, V_pad)
         loss = None
         if targets is not None:
-            cross_entropy = F.cross_entropy if mix_kernels is None else mix_kernels.cross_entropy
-            loss = cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-1)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
+                                   ignore_index=-1)
         return logits[..., :cfg.vocab_size], loss  # a view: the padded ids are never predicted
 
     @torch.no_grad()
@@ -480,10 +430,7 @@ class GPT(nn.Module):
             if temperature == 0:
                 next_id = logits.argmax(dim=-1, keepdim=True)
             else:
-                # Distances to the largest logit, in float64: divided by a tiny temperature (float32
-                # would make 1e-300 a 0) they go to -inf, probability 0; logits alone went to nan.
-                logits = logits.double()
-                logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
+                logits = logits / temperature
                 if top_k is not None:
                     kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
                     logits = logits.masked_fill(logits < kth, float('-inf'))
@@ -539,85 +486,38 @@ class GPT(nn.Module):
 # Checkpoints, written and read here only: a dict of the weights ('model') and the GPTConfig
 # ('model_args'), beside what train.py keeps to resume ('optimizer', 'step', ...).
 def save_checkpoint(f, model, **state):
-    """Save model's weights and config, and state, to f: a path, or a file open for writing
-    (bookkeeping.RunDir.save gives one that becomes ckpt.pt only when whole)."""
+    """Save model's weights and config, and state, to f: a path, or a file open for writing."""
     torch.save(dict(state, model=model.state_dict(), model_args=asdict(model.config)), f)
 
 
-def load_checkpoint(path, device, keys=('step', 'best_val_loss')):
-    """(the model, in eval mode on device; the checkpoint, with keys) at path; or a ValueError."""
-    if not os.path.isfile(path):
-        raise ValueError(f"no checkpoint at {path} (train.py writes one to its out_dir)")
+def load_checkpoint(path, device):
+    """(the model, in eval mode on device; the checkpoint dict) from path, or a ValueError in one
+    line saying why not: no file, not a checkpoint, or a model this lime.py does not build."""
     try:
-        with zipfile.ZipFile(path) as archive:  # torch.load skips its CRCs: read it once more
-            if (damaged := archive.testzip()) is not None:
-                raise ValueError(f"{damaged} fails its checksum")
-        # Tensors and plain values only: a pickle may hold code that loading would run (torch
-        # before 2.6 loads anything unless told weights_only, the default since)
+        # Tensors and plain values only: a pickle may hold code that loading would run.
         checkpoint = torch.load(path, map_location=device, weights_only=True)
-    except OSError as e:  # unreadable (no permission), or gone since the check above
-        raise ValueError(f"could not read checkpoint {path}: {e.strerror or e}") from None
-    except pickle.UnpicklingError as e:  # what weights_only refused: a function, a class
-        found = re.search(r'GLOBAL (\S+)', str(e))
-        held = found.group(1) if found else 'an object'
-        raise ValueError(f"{path} holds {held}, not only tensors and plain values as train.py's "
-                         "checkpoints do: refused unread (loading it could run any code)") from None
-    except Exception as e:
-        raise ValueError(f"could not read checkpoint {path} (damaged, or not saved by train.py): "
-                         f"{last_line(e)}") from None
-    kinds = {'step': int, 'best_val_loss': (int, float), 'val_loss': (int, float),
-             'val_step': int}  # the others are dicts
-    wrong = [k for k in ('model', 'model_args', *keys) if not isinstance(checkpoint, dict)
-             or not isinstance(checkpoint.get(k), kinds.get(k, dict))]
-    if not wrong and ('val_loss' in checkpoint or 'val_step' in checkpoint):  # older: neither
-        wrong = [k for k in ('val_loss', 'val_step') if not isinstance(checkpoint.get(k), kinds[k])]
-    if wrong:
-        raise ValueError(f"{path} is not a checkpoint saved by train.py: it lacks "
-                         f"{', '.join(wrong)} (or holds another kind of value)")
-    checkpoint['model_args'].pop('fused', None)  # was a config field: how, not what, to run
-    try:  # saved by another version of lime.py? (an unknown config field, a missing weight)
+    except FileNotFoundError:
+        raise ValueError(f"no checkpoint at {path} (train.py writes one to its out_dir)") from None
+    except pickle.UnpicklingError:
+        raise ValueError(f"{path} holds more than tensors and plain values, as train.py's "
+                         "checkpoints do: refused unread (loading it could run code)") from None
+    except Exception as e:  # unreadable, cut short, not a torch file
+        raise ValueError(f"could not read checkpoint {path}: {last_line(e)}") from None
+    try:
         model = GPT(GPTConfig(**checkpoint['model_args']))
         model.load_state_dict(checkpoint['model'])
-    except (TypeError, ValueError, RuntimeError) as e:
+    except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as e:
         raise ValueError(f"{path}: its model does not load into this lime.py: "
                          f"{last_line(e)}") from None
-    # train.py saves no such weights; older versions did, on a stop between two log lines
-    if where := non_finite(model):
-        raise ValueError(f"{path}: its weights are not finite ({where}): those of a run that "
-                         "diverged, which would only give nan")
-    return model.eval().to(device), checkpoint
-
-
-def non_finite(model):
-    """Where model's weights hold a nan or an inf (a diverged run's, never saved), said in a few
-    words: "nan or inf in blocks.0.mlp.down_proj.weight and 3 more"; None where all are finite."""
-    bad = [name for name, w in model.state_dict().items()
-           if w.is_floating_point() and not torch.isfinite(w).all()]
-    if not bad:
-        return None
-    more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
-    return f"nan or inf in {bad[0]}{more}"
+    return model.to(device).eval(), checkpoint
 
 
 def load_model(path, device):
     """load_checkpoint, saying what it loaded: for the tools that use a trained model."""
     model, checkpoint = load_checkpoint(path, device)
-    print(f"loaded {path}: step {checkpoint['step']}, router={model.config.router}, "
-          f"{val_loss_of(checkpoint)}", file=sys.stderr)
+    print(f"loaded {path}: step {checkpoint.get('step')}, router={model.config.router}",
+          file=sys.stderr)
     return model, checkpoint
-
-
-def val_loss_of(checkpoint):
-    """What a checkpoint says of its validation loss: that of its own weights where it was saved
-    at an evaluation, else the last evaluation's before it (a stop between two). Older versions
-    saved only the best of the run's evaluations, inf before the first after step 0."""
-    if 'val_loss' not in checkpoint:
-        best = checkpoint['best_val_loss']
-        return f"best val loss {best:.4f}" if math.isfinite(best) else "not evaluated"
-    loss, step = checkpoint['val_loss'], checkpoint['val_step']
-    if step == checkpoint['step']:
-        return f"val loss {loss:.4f}"
-    return f"val loss {loss:.4f} at step {step}, its last evaluation"
 
 
 def last_line(error):

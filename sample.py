@@ -16,7 +16,7 @@ import sys
 
 import torch
 
-from lime import load_model, use_fused_kernels
+from lime import load_model
 from memory_limits import check_memory
 from prepare import BYTES_DOC, BYTES_VOCAB, decode_bytes, gpt2_encoding
 
@@ -30,18 +30,18 @@ top_k = 200  # sample only among the top_k likeliest tokens; 0 means all of them
 seed = 1337
 device = 'cuda' if torch.cuda.is_available() else 'cpu'
 dtype = 'bfloat16'  # 'bfloat16' (autocast) or 'float32'; on a CPU the default becomes float32
-fused = None  # LIMe's mix: True = kernels/memory.py, False = lime.py's; None: CPU True, GPU False
 # -----------------------------------------------------------------------------
 config, given, autocast = configure(globals(), {
     'path': ['out_dir'], 'text': ['start'], 'positive': ['num_samples', 'max_new_tokens'],
     'non-negative': ['temperature', 'top_k'], 'seed': ['seed'], 'device': ['device'],
     ('bfloat16', 'float32'): ['dtype']})
 globals().update(config)
+if 0 < temperature < 1e-6:  # float32 logits over such a temperature overflow to inf
+    fail(f"temperature={temperature} is greedy in all but name: give --temperature=0")
 torch.manual_seed(seed)
 
 if start.startswith('FILE:'):
     start = read_text(start[len('FILE:'):], 'prompt file')
-or_fail(use_fused_kernels, fused, device)
 model, checkpoint = or_fail(load_model, os.path.join(out_dir, 'ckpt.pt'), device)
 # The tokenizer the model was trained with, as train.py saved it (earlier runs: GPT-2's).
 saved = checkpoint.get('config')
@@ -72,13 +72,13 @@ else:
 if not start_ids:
     fail("the prompt is empty: give some text with --start (the default starts a new document)")
 # Each sample holds a KV cache (keys and values of every layer, block_size long), its tokens, the
-# logits of its prompt, and at each new token two float64 copies of its logits (GPT.generate):
+# logits of its prompt, and at each new token a copy of its logits (GPT.generate):
 # more samples than the memory left beside the model (loaded, so held already) are refused now.
 cfg = model.config
 cache_bytes = 2 * cfg.n_layer * cfg.n_kv_head * cfg.block_size * (cfg.n_embd // cfg.n_head)
 cache_bytes *= 2 if dtype == 'bfloat16' else 4
 prompt_bytes = 8 * len(start_ids) + 4 * cfg.padded_vocab * min(len(start_ids), cfg.block_size)
-check_memory(num_samples * (cache_bytes + prompt_bytes + 2 * 8 * cfg.vocab_size), device,
+check_memory(num_samples * (cache_bytes + prompt_bytes + 4 * cfg.vocab_size), device,
              f"--num_samples={num_samples}: their KV caches and logits", "sample fewer at once")
 idx = torch.tensor([start_ids] * num_samples, dtype=torch.long, device=device)  # (num_samples, T)
 

@@ -146,11 +146,9 @@ def test_static_router_init_matches_paper():
         assert others.std() > 0.3 * bound, f"layer {l}: off-diagonal blocks are not random"
 
 
-@pytest.mark.parametrize('fused', [False, True])  # lime.py's mix, and kernels/memory.py's
-def test_identity_start_is_the_baseline_exactly_and_every_router_weight_learns(fused):
+def test_identity_start_is_the_baseline_exactly_and_every_router_weight_learns():
     # router_init='identity': the authors' noise zeroed. Routers are initialised last, so a
     # seed gives both models the same other weights: the same logits, to the bit.
-    lime.use_fused_kernels(fused, 'cpu')
     base = tiny_model(seed=3, router='none', n_kv_head=2)
     identity = tiny_model(seed=3, router='static', router_init='identity', n_kv_head=2)
     idx = torch.randint(0, 101, (2, 20))

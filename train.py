@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import bookkeeping
-from lime import GPT, GPTConfig, compile_model, use_fused_kernels
+from lime import GPT, GPTConfig
 from memory_limits import out_of_memory_in_one_line
 from prepare import (BYTES_VOCAB, Batches, data_tokenizer, prepare_if_default, read_shard,
                      shard_paths, token_bytes)
@@ -82,7 +82,7 @@ device = 'cuda' if torch.cuda.is_available() else 'cpu'  # 'cpu', 'cuda' or 'cud
 dtype = 'bfloat16'  # 'bfloat16' (autocast) or 'float32'; on a CPU the default is float32
 compile = True  # torch.compile the model; on a CPU the default is False
 checkpoint_blocks = False  # activation checkpointing: recompute each block, for less memory
-fused = None  # LIMe's mix: True = kernels/memory.py, False = lime.py's; None: CPU True, GPU False
+fused = False  # LIMe's mix by kernels/memory.py (faster on a CPU at depth), not lime.py's own
 peak_flops = 989e12  # for MFU: bf16 dense peak of one device (H100 SXM)
 seed = 1337  # for the initial weights
 # -----------------------------------------------------------------------------
@@ -143,10 +143,6 @@ if device_type == 'cuda' and ':' in device:
     torch.cuda.set_device(device)  # kernels launch on the current device: make it ours
 if device_type == 'cpu':
     bookkeeping.tune_cpu_allocator()
-# LIMe's mix in lime.py's plain PyTorch, or faster code for the same numbers (kernels/)
-mix_shape = (gptconf.n_kv_head, gptconf.n_embd // gptconf.n_head,
-             torch.bfloat16 if dtype == 'bfloat16' else torch.float32)
-or_fail(use_fused_kernels, fused, device, mix_shape)
 master = rank == 0  # only it logs and writes to out_dir
 log = bookkeeping.say  # print, on rank 0 only
 
@@ -209,6 +205,9 @@ out_of_memory_in_one_line(bookkeeping.LOWER_TO_FIT, run.kept)
 if model is None:
     model = GPT(gptconf)
 model.to(device).train()
+if fused:  # faster code for the same numbers, asked for by name (kernels/__init__.py)
+    import kernels
+    or_fail(kernels.install, model, device, torch.bfloat16 if dtype == 'bfloat16' else torch.float32)
 model.checkpoint_blocks = checkpoint_blocks  # how to run, not what: not saved with the model
 optimizer = model.configure_optimizers(weight_decay, learning_rate, router_lr, (beta1, beta2),
                                        fused=device_type == 'cuda')
@@ -225,7 +224,7 @@ checkpoint = None  # free the memory
 raw_model = model  # the model itself: its state dict is what checkpoints hold
 if compile:
     log("compiling the model (a minute or so)...")
-    model = compile_model(model)
+    model = torch.compile(model)
 if ddp:  # the model's only buffers are constants (RoPE tables): DDP need not broadcast them
     local = [int(os.environ['LOCAL_RANK'])] if device_type == 'cuda' else None
     model = DDP(model, device_ids=local, broadcast_buffers=False)

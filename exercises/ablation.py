@@ -26,7 +26,7 @@ from configurator import configure, fail, or_fail
 from exercises import ROOT, load
 from exercises.checks import verdict
 from lab.evaluate import bits_per_byte
-from lime import GPT, GPTConfig, use_fused_kernels
+from lime import GPT, GPTConfig
 from prepare import BYTES_VOCAB, Batches, prepare_if_default, read_shard, shard_paths, token_bytes
 
 # -----------------------------------------------------------------------------
@@ -136,7 +136,6 @@ def main():
         fail(f"k={k}: with n_layer={n_layer} every layer has at most {n_layer - 1} earlier ones, "
              "so a restricted router would read them all")
     RestrictedRouter = restricted_router(names, 'exercises' in given)
-    use_fused_kernels(False, 'cpu')  # lime.py's plain mix, the same code for every router
     prepare_if_default(data_dir)
     val_tokens = or_fail(read_shard, or_fail(shard_paths, data_dir, 'val')[0], BYTES_VOCAB)
     byte_lengths, why = token_bytes(BYTES_VOCAB, data_dir)

@@ -1,31 +1,58 @@
-"""How, not what: faster code for lime.py's LIMe mix (and its training loss), picked by
-lime.use_fused_kernels through choose() below. memory.py keeps the layer memory head-major and mixes
-it with one matrix product per layer, in plain PyTorch, on a CPU and on a GPU alike; loss.py is a
-leaner cross-entropy for a CPU. tests/test_kernels.py holds both to lime.py's definition."""
+"""
+kernels/: faster code for the numbers lime.py defines, opt-in. memory.py keeps the layer memory
+head-major and mixes it with one matrix product per layer, in plain PyTorch; on a CPU, at depth, a
+training step runs faster with it (docs/performance.md), while on a GPU lime.py's definition,
+compiled, is the faster. A script asks for it by name (`--fused=True`), and install() below puts
+it into one built model; lime.py knows nothing of it. tests/test_kernels.py holds it to lime.py.
+"""
+import functools
+
+import torch
+
+import lime
 from kernels import memory
 
 
-def choose(fused, device, shape=None):
-    """The module that lime.py's switch should point at, or None for its plain PyTorch.
-    fused: None (automatic: memory.py on a CPU, lime.py's definition on a GPU), True (memory.py,
-    or a ValueError where its self-check fails), False (None). shape: the run's (kv heads, head
-    size, dtype). Asked for on a GPU, memory.py first checks itself at that shape against the
-    definition (under a second), since no CPU test can show a GPU's arithmetic; on a CPU the
-    tests are that check, and None skips it (inference, tests)."""
-    on_a_gpu = str(device).startswith('cuda')
-    if fused is False:
-        return None
-    if fused is None and on_a_gpu:
-        # On a GPU the definition, compiled by the run, is the faster: one H200, config/gpt2.py's
-        # training step (12 layers, bf16, lab.gpu_check, 2026-11-28), static 354,063 tokens/s
-        # (31.69 GiB) against memory.py's 236,595 (31.09 GiB), dynamic 383,760 (25.52 GiB)
-        # against 267,726 (31.78 GiB); one H100 (2026-11-27) ranked them the same. One shape over
-        # 8 steps: at 64 layers the definition has not been timed against memory.py, and
-        # fused=True runs memory.py there. On a CPU memory.py stays the choice
-        # (docs/performance.md measures it there).
-        return None
-    if shape is not None and on_a_gpu:
-        why = memory.self_check(*shape, device)
+class FusedStaticRouter(lime.StaticRouter):
+    """lime.StaticRouter, its mix computed by memory.py: the same weights, the same numbers."""
+
+    def forward(self, h, layers):
+        return memory.static_mix(self.mix_weights(), layers)
+
+
+class FusedDynamicRouter(lime.DynamicRouter):
+    """lime.DynamicRouter, its mix computed by memory.py: the same weights, the same numbers."""
+
+    def forward(self, h, layers):
+        return memory.dynamic_mix(self.mix_weights(h), layers)
+
+
+FUSED = {lime.StaticRouter: FusedStaticRouter, lime.DynamicRouter: FusedDynamicRouter}
+
+
+def install(model, device, dtype=None):
+    """Make model (a lime.GPT) mix its layer memory with memory.py, in place; or a one-line
+    ValueError, before anything changes, where memory.py does not cover it. The baseline
+    (router='none') has no mix: it is left as it is, so that a preset with fused=True also runs
+    --router=none. On a GPU, given the run's dtype, memory.py first checks itself against the
+    definition there (under a second): no CPU test can show a GPU's arithmetic."""
+    cfg = model.config
+    if cfg.router == 'none':
+        return model
+    for router in model.routers():
+        if type(router) not in FUSED:
+            raise ValueError(f"fused=True covers lime.py's own routers, not "
+                             f"{type(router).__name__}")
+    if str(device).startswith('cuda') and dtype is not None:
+        why = memory.self_check(cfg.n_kv_head, cfg.n_embd // cfg.n_head, dtype, device)
         if why is not None:
-            raise ValueError(f"fused=True: {why}; use fused=None or False for the plain mix")
-    return memory
+            raise ValueError(f"fused=True: {why}; run with fused=False, lime.py's mix")
+    for router in model.routers():
+        router.__class__ = FUSED[type(router)]  # a subclass: its weights stay where they are
+    # One head-major buffer for every layer, in place of lime.py's list (GPT.layer_memory).
+    model.layer_memory = functools.partial(memory.LayerMemory, cfg.n_layer)
+    # The mix is a graph break in each routed layer, so dynamo compiles each layer's attention
+    # on its own (their layer indices differ): past its limit of 8 recompiles, later layers would
+    # run uncompiled. It is let keep one per layer.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, cfg.n_layer)
+    return model

@@ -1,9 +1,8 @@
 """
 kernels/memory.py: LIMe's mix over a head-major layer memory, in plain PyTorch and autograd, for
 every device. The same numbers as lime.py's routers (tests/test_kernels.py holds the two together),
-faster on a CPU, where lime.use_fused_kernels picks this module by default (fused=None); on a GPU
-it runs where asked for (fused=True), since there lime.py's definition, compiled, was the faster
-(kernels/__init__.py).
+faster on a CPU at depth; it runs where asked for (fused=True: kernels.install), since lime.py's
+definition is what every script runs, and on a GPU, compiled, the faster.
 
 lime.py keeps the layer memory as a list of per-layer tensors (B, T, 2, G, hs), token-major: its
 static mix copies the whole memory so far into head-major rows (torch.cat) at every layer, then
@@ -44,11 +43,10 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
-from kernels.loss import cross_entropy  # noqa: F401  (lime.py asks the switch's module for it)
 
 
 class LayerMemory:
-    """The layer memory that GPT.forward makes while this module is in use, indexed by layer as
+    """The layer memory that GPT.forward makes once kernels.install has run, indexed by layer as
     lime.py's list is: CausalSelfAttention sets memory[l] to its keys/values (B, T, 2, G, hs) and
     hands its router memory[:l + 1]; the mixes copy them into one head-major buffer."""
 
@@ -270,7 +268,7 @@ def memory_dtype(memory):
 
 # ---------------------------------------------------------------------------------------------
 # The self-check: what no CPU test can show (a GPU's arithmetic, the installed torch), checked on
-# the user's GPU at the run's shape before a run trusts this module (kernels/__init__.py). The mix
+# the user's GPU at the run's shape before a run trusts this module (kernels.install). The mix
 # is never compiled (a graph break), so its eager run here, under the run's autocast, is the code
 # a run runs; it cannot see the compiled pieces around it (lab/gpu_check.py compares those).
 

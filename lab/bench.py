@@ -3,16 +3,15 @@ bench.py: time full training steps (forward, backward, AdamW) of the baseline an
 side by side, on random tokens, and print one markdown table.
 
     python -m lab.bench --shape=all                     # on a GPU: every GPU shape, one table
-    python -m lab.bench --shape=gpt2 --routers=none,static,static-plain
+    python -m lab.bench --shape=gpt2 --routers=none,static,static-fused
     python -m lab.bench --shape=gpt2 --routers=none,hc,dynamic,dynamic-hc   # and hyper-connections
     python -m lab.bench                                 # on a CPU: the tiny shape, in seconds
 
 Each router's number is the median of `steps` timed steps after `warmup` untimed ones. The first
 step compiles: its time beyond a normal step is the compile column. Ratios to 'none' come from the
-same run: compare those, not absolute numbers across runs. A LIMe router runs LIMe's mix as
-`fused` says (by default as every script: lime.py's definition on a GPU, kernels/memory.py on a
-CPU; --fused=True for memory.py on a GPU); named with '-plain' (static-plain) it runs lime.py's
-definition whatever `fused` says, to compare the two. 'hc' is the paper's other baseline,
+same run: compare those, not absolute numbers across runs. A LIMe router runs lime.py's mix, as
+every script does; named with '-fused' (static-fused) it runs kernels/memory.py's, as train.py's
+--fused=True does, to compare the two. 'hc' is the paper's other baseline,
 hyper-connections (dynamic, with `hyper_connections` streams) on the plain model, and '-hc' after
 a router adds them to it (static-hc). The routing-floor column counts the bytes LIMe's mix must
 move (see routing_bytes) and the time they take at `bandwidth` bytes/s: no exact implementation
@@ -27,7 +26,8 @@ import torch
 
 from configurator import configure, fail, or_fail
 from lab.gpu_check import cell, commit, ratio  # as in its report
-from lime import GPT, ROUTERS, GPTConfig, compile_model, use_fused_kernels
+import kernels
+from lime import GPT, ROUTERS, GPTConfig
 from memory_limits import check_memory
 
 SHAPES = {  # name: (GPTConfig fields, batch size)
@@ -42,9 +42,8 @@ SHAPES = {  # name: (GPTConfig fields, batch size)
 GPU_SHAPES = ['gpt2', 'paper_1b', 'paper_1b_gqa', 'deep']  # what --shape=all runs
 # -----------------------------------------------------------------------------
 shape = 'gpt2'  # one of SHAPES, or 'all' for every GPU shape; on a CPU the default becomes 'tiny'
-routers = 'none,static,dynamic'  # '-plain': lime.py's definition; 'hc', '-hc': hyper-connections
+routers = 'none,static,dynamic'  # '-fused': kernels/memory.py's mix; 'hc', '-hc': hyper-connections
 hyper_connections = 4  # streams of the HC rows (the paper's rate)
-fused = None  # LIMe's mix: True = kernels/memory.py, False = lime.py's; None: CPU True, GPU False
 batch_size = 0  # 0 means the shape's own
 steps = 20  # timed steps per router
 warmup = 5  # untimed steps first (compilation happens in the first; at least 1)
@@ -72,10 +71,10 @@ if shape == 'all' and device_type == 'cpu':
 
 
 def parse_row(name):
-    """(router, hyper_connections, the definition?) for a row name: a router, or 'hc' for the
-    plain model with hyper-connections; then '-hc' to add them to a router; then '-plain' (LIMe
+    """(router, hyper_connections, memory.py's mix?) for a row name: a router, or 'hc' for the
+    plain model with hyper-connections; then '-hc' to add them to a router; then '-fused' (LIMe
     routers only)."""
-    base = name.removesuffix('-plain')
+    base = name.removesuffix('-fused')
     with_hc = base == 'hc' or base.endswith('-hc')
     router = 'none' if base == 'hc' else base.removesuffix('-hc')
     return router, hyper_connections if with_hc else 0, base != name
@@ -84,10 +83,10 @@ def parse_row(name):
 # the baseline first: the ratios need it
 router_list = sorted(routers.split(','), key=lambda r: r != 'none')
 for name in router_list:
-    router, _, plain = parse_row(name)
-    if router not in ROUTERS or (plain and router == 'none') or name.startswith('none-'):
-        fail(f"routers: {name!r} is not one of {', '.join(ROUTERS)}, hc (or static-plain, "
-             "dynamic-plain, static-hc, dynamic-hc, static-hc-plain, ...)")
+    router, _, fused = parse_row(name)
+    if router not in ROUTERS or (fused and router == 'none') or name.startswith('none-'):
+        fail(f"routers: {name!r} is not one of {', '.join(ROUTERS)}, hc (or static-fused, "
+             "dynamic-fused, static-hc, dynamic-hc, static-hc-fused, ...)")
 repeated = sorted({name for name in router_list if router_list.count(name) > 1})
 if repeated:  # a second row of the same router is a second timing of it, not a comparison
     fail(f"routers: {', '.join(map(repr, repeated))} named more than once")
@@ -115,16 +114,17 @@ def measure(model_args, B, name):
     """Median step time (s), first-step time beyond it (s, compilation) and peak memory (bytes,
     CUDA only) for one router."""
     torch.manual_seed(0)
-    router, hc, plain = parse_row(name)
-    or_fail(use_fused_kernels, False if plain else fused, device)  # no self-check: lab.gpu_check's
+    router, hc, fused = parse_row(name)
     torch._dynamo.reset()  # each router compiles afresh, with nothing cached from the last
     model_config = or_fail(GPTConfig, router=router, hyper_connections=hc, **model_args)
     T = model_args['block_size']  # the step's float32 logits, at the least: B * T * vocabulary
     check_memory(B * T * model_config.padded_vocab * 4, device,
                  f"--batch_size={B}: a step's logits ({B} x {T} tokens x the vocabulary)")
     model = GPT(model_config).to(device)
+    if fused:  # no self-check: lab.gpu_check's
+        kernels.install(model, device)
     optimizer = model.configure_optimizers(0.1, 1e-3, 1e-2, fused=device_type == 'cuda')
-    step_model = compile_model(model) if compile else model
+    step_model = torch.compile(model) if compile else model
     x = torch.randint(0, model.config.vocab_size, (B, T + 1), device=device)
     x, y = x[:, :-1], x[:, 1:]
 

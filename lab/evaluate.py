@@ -59,7 +59,7 @@ import torch.nn.functional as F
 
 from configurator import configure, fail, or_fail, read_text
 from lab import json_line
-from lime import compile_model, load_model, use_fused_kernels
+from lime import load_model
 from prepare import EOT, gpt2_encoding, read_shard, shard_paths, token_bytes
 from safe_files import write_atomically
 
@@ -79,7 +79,6 @@ shot_draw = 'k+1'  # the harness's draw: 'k+1' (its HellaSwag, PIQA, ...) or 'k'
 device = 'cuda' if torch.cuda.is_available() else 'cpu'
 dtype = 'bfloat16'  # 'bfloat16' (autocast) or 'float32'; on a CPU the default becomes float32
 compile = True  # torch.compile the model, every forward padded to block_size; on a CPU the default is False
-fused = None  # LIMe's mix: True = kernels/memory.py, False = lime.py's; None: CPU True, GPU False
 # -----------------------------------------------------------------------------
 
 
@@ -375,7 +374,6 @@ def main():
     if train_file and not shots:
         fail("--train_file is where --shots draws solved examples from: give --shots too")
 
-    or_fail(use_fused_kernels, fused, device)
     # The checkpoint before the task: no download for a run that is not there.
     model, checkpoint = or_fail(load_model, os.path.join(out_dir, 'ckpt.pt'), device)
     paths = (task_file(task), task_file(train_file or task, 'train') if shots else None) if task else None
@@ -409,7 +407,7 @@ def main():
             examples = with_shots(examples, solved, shots, seed, protocol, shot_draw)
         encoded = [encode_example(enc, example, block_size, protocol) for example in examples]
         if compile:
-            model = compile_model(model)
+            model = torch.compile(model)
         right, right_norm, n = multiple_choice(model, encoded, [label for *_, label in examples], device,
                                                autocast, block_size if compile else None, progress=True)
         name = 'hellaswag' if task == 'hellaswag' else os.path.basename(task)

@@ -46,10 +46,10 @@ import torch.nn as nn
 from torch.profiler import ProfilerActivity, profile
 
 from configurator import configure, fail, read_text
+import kernels
 from kernels import memory
 from lab.plot import read_log
-from lime import (GPT, DynamicRouter, GPTConfig, StaticRouter, compile_model, last_line,
-                  use_fused_kernels)
+from lime import GPT, DynamicRouter, GPTConfig, StaticRouter, last_line
 from prepare import shard_path, write_shard
 from safe_files import write_atomically
 
@@ -185,9 +185,8 @@ def static_before(self, h, memory):
 
 @contextmanager
 def mix(name):
-    """The mix `name` of VARIANTS in use: lime.py's switch set, and for 'before' the static
-    router's forward swapped for static_before, whatever lime.py's is now."""
-    use_fused_kernels(name == 'memory.py', DEVICE)  # no self-check: the self_check part is that
+    """The mix `name` of VARIANTS in use for 'before': the static router's forward swapped for
+    static_before, whatever lime.py's is now (memory.py: kernels.install on the model)."""
     swap = patch.object(StaticRouter, 'forward', static_before) if name == 'before' else None
     with swap or nullcontext():
         yield
@@ -290,8 +289,10 @@ def train_variant(cfg, x, router, mix_name, n_steps, references):
     x = x.to(DEVICE)
     with mix(mix_name):
         model = seeded_model(cfg)
+        if mix_name == 'memory.py':  # no self-check: the self_check part is that
+            kernels.install(model, DEVICE)
         optimizer = model.configure_optimizers(0.1, 3e-4, 3e-3, fused=ON_A_GPU)
-        step_model = compile_model(model) if ON_A_GPU else model
+        step_model = torch.compile(model) if ON_A_GPU else model
         autocast = torch.autocast(DEVICE, torch.bfloat16) if ON_A_GPU else nullcontext()
         judged = []
 

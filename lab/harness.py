@@ -14,8 +14,7 @@ context's trailing spaces moved to the continuation, the pair tokenized whole an
 being the tokens after the context's own) and puts <|endoftext|> before an empty context; here they
 are only scored. A sequence longer than block_size loses tokens on the left; a continuation longer
 than block_size cannot be scored whole and is refused. The log-softmax is taken in float32 whatever
-the model ran in; that (float32, or bfloat16 autocast) is reported with the scores. The `fused`
-switch chooses the kernels as in every script (lime.use_fused_kernels). Scoring only: tasks that
+the model ran in; that (float32, or bfloat16 autocast) is reported with the scores. Scoring only: tasks that
 generate text (generate_until) are refused. docs/evaluation.md says more.
 """
 import os
@@ -25,7 +24,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from configurator import fail, or_fail
-from lime import load_model, use_fused_kernels
+from lime import load_model
 from prepare import EOT, gpt2_encoding
 
 try:  # an optional dependency, imported here only
@@ -58,8 +57,7 @@ class LimeLM(TemplateLM):
     """A lime checkpoint (out_dir/ckpt.pt) as a model the harness scores: the log-likelihood of
     each request's continuation given its context, and of whole texts (perplexity tasks)."""
 
-    def __init__(self, out_dir='out', device=None, dtype=None, batch_size=8, fused=None,
-                 max_batch_size=None):
+    def __init__(self, out_dir='out', device=None, dtype=None, batch_size=8, max_batch_size=None):
         # simple_evaluate passes batch_size, max_batch_size and device to every model; the
         # harness's own 'auto' batch size is not supported, and max_batch_size goes with it.
         super().__init__()
@@ -71,22 +69,18 @@ class LimeLM(TemplateLM):
             batch_size = int(batch_size)
         if type(batch_size) is not int or batch_size < 1:
             fail(f"batch_size must be a whole number > 0, got {batch_size!r}")
-        fused = None if fused == 'None' else fused  # model_args='...,fused=None' gives a string
-        if fused not in (None, True, False):
-            fail(f"fused must be None (automatic), True or False, got {fused!r}")
-        or_fail(use_fused_kernels, fused, device)
         self.model, checkpoint = or_fail(load_model, os.path.join(out_dir, 'ckpt.pt'), device)
         if self.model.config.vocab_size != EOT + 1:
             fail(f"the model's vocab_size is {self.model.config.vocab_size}, not GPT-2's "
                  f"{EOT + 1}: the harness's text is tokenized with GPT-2's BPE")
         self.enc = or_fail(gpt2_encoding)
         self._device = torch.device(device)
-        self.batch_size, self.dtype, self.fused = batch_size, dtype, fused
+        self.batch_size, self.dtype = batch_size, dtype
         bf16 = dtype == 'bfloat16'
         self.autocast = torch.autocast(self._device.type, torch.bfloat16, enabled=bf16)
         config = self.model.config
         self.info = {'out_dir': out_dir, 'step': checkpoint['step'], 'router': config.router,
-                     'block_size': config.block_size, 'dtype': dtype, 'fused': fused,
+                     'block_size': config.block_size, 'dtype': dtype,
                      'log_softmax': 'float32'}
 
     # -------------------------------------------------------------------------

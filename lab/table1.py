@@ -34,7 +34,6 @@ json_file = ''  # where the scores go as JSON; '' = out_dir/table1.json
 seed = 1234  # the harness's fewshot_random_seed (its default), which draws the solved examples
 device = 'cuda' if torch.cuda.is_available() else 'cpu'
 dtype = 'bfloat16'  # 'bfloat16' (autocast) or 'float32'; on a CPU the default becomes float32
-fused = None  # LIMe's mix: True = kernels/memory.py, False = lime.py's; None: CPU True, GPU False
 # -----------------------------------------------------------------------------
 
 # The paper's Table 1 (1.2B models trained on 42B tokens, 1-shot; the authors' README,
@@ -115,8 +114,7 @@ def main():
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    model = harness.LimeLM(out_dir=out_dir, device=device, dtype=dtype, batch_size=batch_size,
-                           fused=fused)
+    model = harness.LimeLM(out_dir=out_dir, device=device, dtype=dtype, batch_size=batch_size)
     task_manager = TaskManager(include_path=include_path or None)
     loaded = load_tasks(names, task_manager)
     results = lm_eval.simple_evaluate(
@@ -126,7 +124,7 @@ def main():
 
     info = model.get_model_info()
     scores = {'out_dir': out_dir, 'step': info['lime_step'], 'router': info['lime_router'],
-              'dtype': info['lime_dtype'], 'fused': fused, 'device': device,
+              'dtype': info['lime_dtype'], 'device': device,
               'num_fewshot': num_fewshot, 'limit': limit, 'seed': seed,
               'lm_eval': lm_eval.__version__, 'tasks': {}}
     for name in names:

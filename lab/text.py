@@ -201,10 +201,12 @@ def run_one(run, where, n_steps):
         print(f"failed: {name} (see {output_path})", flush=True)
         return None
     score = json.loads(result.stdout.strip().splitlines()[-1])
-    val = [r for r in plot.read_log(run_dir)[1] if 'val_loss' in r]
+    saved, records = plot.read_log(run_dir)
+    val = [r for r in records if 'val_loss' in r]
     record = {'name': name, 'layers': layers, 'router': router, 'learning_rate': lr,
               'router_lr': lr * x, 'router_init': init, 'seed': seed, 'step': score['step'],
               'bpb': score['bpb'], 'val_loss': val[-1]['val_loss'],
+              'fused': saved['config'].get('fused'),  # which code mixed: kernels/memory.py?
               'minutes': (time.time() - started) / 60, 'settings': settings(n_steps)}
     write_json(os.path.join(run_dir, 'final.json'), record)  # whole or absent, as every result
     print(f"done: {name}: {record['bpb']:.4f} bits per byte ({record['minutes']:.1f} min)",

@@ -43,17 +43,6 @@ def gpt2_files_missing():
             "once; offline, point TIKTOKEN_CACHE_DIR at a copy of the cache")
 
 
-@pytest.fixture(autouse=True)
-def the_definitions_mix():
-    """Each test starts with lime.py's switch at the definition (its own mix), as it finds it
-    when it runs alone: a script run in-process sets the switch for every model after it, and no
-    test's outcome may hang on the tests run before it."""
-    import lime
-    lime.mix_kernels = None
-    yield
-    lime.mix_kernels = None
-
-
 @pytest.fixture(scope='session')
 def gpt2():
     """GPT-2's tokenizer, tiktoken's encoding; uncached, the test skips, saying why."""

@@ -34,10 +34,8 @@ def check(module, name, path):
 
 
 @pytest.fixture(autouse=True)
-def plain_mix_on_one_thread(monkeypatch):
-    """lime.py's plain PyTorch mix, the definition, whatever another test switched on; and one
-    thread: on tensors this small a second thread costs more to wake than it saves."""
-    monkeypatch.setattr(lime, 'mix_kernels', None)
+def one_thread():
+    """One thread: on tensors this small a second thread costs more to wake than it saves."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -639,9 +639,9 @@ def test_a_file_that_cannot_be_read_is_named_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(np, 'fromfile', denied)
     with pytest.raises(ValueError, match=r"000000.bin: could not read it \(Permission denied"):
         prepare.read_shard(tmp_path / 'x_val_000000.bin')
-    monkeypatch.setattr(lime.zipfile, 'ZipFile', denied)
+    monkeypatch.setattr(torch.serialization, '_open_file_like', denied)
     with pytest.raises(ValueError, match=f"^could not read checkpoint {tmp_path}/ckpt.pt: "
-                                         "Permission denied$"):
+                                         r"\[Errno 13\] Permission denied"):
         lime.load_checkpoint(tmp_path / 'ckpt.pt', 'cpu')
     # Anything else opened through or_fail: its OSError, named, in one line
     with pytest.raises(SystemExit, match=f"^error: {tmp_path}/elsewhere: Permission denied$"):
@@ -675,7 +675,6 @@ def refusal(monkeypatch, tool, run_dir):
     """The one line that stops tool, run in this process as its command would run it."""
     monkeypatch.setattr(sys, 'argv', [tool, *(a.format(run=run_dir) for a in TOOLS[tool])])
     monkeypatch.setattr(sys, 'excepthook', sys.excepthook)  # each sets it: configure
-    monkeypatch.setattr(lime, 'mix_kernels', lime.mix_kernels)  # each chooses: use_fused_kernels
     monkeypatch.delitem(sys.modules, tool, raising=False)  # run afresh, as a command
     with pytest.raises(SystemExit) as stopped:
         if tool.endswith('.py'):
@@ -685,30 +684,17 @@ def refusal(monkeypatch, tool, run_dir):
     return str(stopped.value)
 
 
-def test_a_checkpoint_that_would_run_code_or_holds_nan_is_refused_by_every_tool(tmp_path,
-                                                                                 monkeypatch):
-    model = lime.GPT(lime.GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16))
+def test_a_checkpoint_that_would_run_code_is_refused_unread_by_every_tool(tmp_path, monkeypatch):
     marker = tmp_path / 'code_ran'
-    planted, poisoned = tmp_path / 'planted', tmp_path / 'poisoned'
+    planted = tmp_path / 'planted'
     planted.mkdir()
     torch.save({'model': Planted(marker), 'model_args': {}, 'step': 1, 'best_val_loss': 1.0},
                planted / 'ckpt.pt')
-    poisoned.mkdir()
-    with torch.no_grad():
-        model.lm_head.weight[3, 5] = float('nan')  # tied: the embedding's row 3 too
-    lime.save_checkpoint(poisoned / 'ckpt.pt', model, step=1, best_val_loss=1.0, config={},
-                         optimizer=torch.optim.AdamW(model.parameters()).state_dict(), data={},
-                         rng={'cpu': torch.get_rng_state(), 'cuda': None})  # as train.py saves
     for tool in TOOLS:
         line = refusal(monkeypatch, tool, planted)
-        assert re.fullmatch(rf"error: {planted}/ckpt.pt holds \S+, not only tensors and plain "
-                            r"values as train.py's checkpoints do: refused unread \(.*\)",
-                            line), line
+        assert line == (f"error: {planted}/ckpt.pt holds more than tensors and plain values, as "
+                        "train.py's checkpoints do: refused unread (loading it could run code)")
         assert not marker.exists(), tool
-        line = refusal(monkeypatch, tool, poisoned)
-        assert line == (f"error: {poisoned}/ckpt.pt: its weights are not finite (nan or inf in "
-                        "embed.weight and 1 more): those of a run that diverged, which would only "
-                        "give nan"), tool
 
 
 def test_no_json_file_or_line_holds_a_number_that_is_not_finite(tmp_path):

@@ -14,7 +14,6 @@ from dataclasses import replace
 import pytest
 import torch
 
-from lime import compile_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HEADINGS = ['## Self-check at every preset', '## Gradients at every preset',
@@ -95,7 +94,7 @@ def test_the_gradients_pass_rule_fails_a_router_whose_gradient_is_lost(router, p
     with gpu_check.mix('definition'):
         model = gpu_check.seeded_model(cfg)
         with torch.autocast('cpu', torch.bfloat16):
-            _, loss = compile_model(model)(x[:, :-1], x[:, 1:])
+            _, loss = torch.compile(model)(x[:, :-1], x[:, 1:])
         loss.backward()
     fast = gpu_check.gradients(model)
     errors, failed = gpu_check.judge(reference, alone, fast)

@@ -292,17 +292,10 @@ def test_scores_by_hand_rolling_windows_and_a_continuation_too_long(setup):
 
 
 @needs_lm_eval
-def test_the_fused_switch_and_the_registration(setup):
+def test_the_registration(setup):
     import importlib
     from lm_eval.api.registry import get_model, model_registry
     from lab import harness
-    try:
-        harness.LimeLM(out_dir=str(setup / 'run'), device='cpu', fused=False)
-        assert lime.mix_kernels is None  # the plain PyTorch
-        harness.LimeLM(out_dir=str(setup / 'run'), device='cpu', fused=None)
-        assert lime.mix_kernels.__name__ == 'kernels.memory'  # the default
-    finally:
-        lime.use_fused_kernels(None, 'cpu')
     # Registered by path: the harness's own models stay known, and 'lime' is lab.harness's class
     # even where the module runs again, reloaded or loaded under a second name (as __main__ is).
     assert 'hf' in model_registry and get_model('lime') is harness.LimeLM

@@ -116,7 +116,7 @@ def test_bad_config_raises_a_clear_error():
     dict(router='static', hyper_connections=3), dict(router='none', hyper_connections=2,
                                                     hc_dynamic=False, vocab_size=100)])
 def test_num_floats_counts_the_model_before_it_exists(shape):
-    # GPTConfig bounds the model's size by memory with num_floats, before anything is allocated:
+    # train.py bounds the model's size by memory with num_floats, before anything is allocated:
     # it must count what GPT builds, weights and RoPE's tables, exactly.
     from lime import GPT
     config = GPTConfig(**{**dict(n_layer=3, n_head=4, n_embd=32, block_size=16, vocab_size=70),
@@ -124,8 +124,6 @@ def test_num_floats_counts_the_model_before_it_exists(shape):
     model = GPT(config)
     assert config.num_floats() == model.num_params() + model.rotary.cos.numel() + \
         model.rotary.sin.numel()
-    with pytest.raises(ValueError, match=r"the model's weights alone take [\d,.]+ GiB, more than"):
-        GPTConfig(n_layer=10**9)
 
 
 def test_optimizer_groups_follow_the_paper():

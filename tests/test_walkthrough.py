@@ -112,7 +112,6 @@ def test_walkthrough_blocks_run_in_order_at_the_prompt_and_echo_nothing(monkeypa
     # value of an expression statement (a tensor's zero_(), a Parameter), noise a student need
     # not read; a block that wants a value shown prints it.
     monkeypatch.chdir(ROOT)
-    monkeypatch.setattr(lime, 'mix_kernels', None)  # the plain mix, whatever another test set
     blocks, stored = python_blocks(), stored_blocks()
     assert len(blocks) >= 10, "the walkthrough lost its Python blocks"
     assert len(stored) == len(blocks), "docs/walkthrough.ipynb is not the page's: python -m " \
