@@ -403,7 +403,8 @@ class Decoder:
         self.full = KVCache(self.cfg.n_layer, idx.size(1))
         self.model(idx, cache=self.full)
         self.idx = idx
-        self.unrouted = [self.without_router(layer) for layer in range(self.cfg.n_layer)]
+        self.unrouted = [self.without_router(layer) for layer in range(self.cfg.n_layer)
+                         if self.router != 'none']
         for layer, block in enumerate(self.model.blocks):  # this model's own instances only
             block.attn.forward = functools.partial(self.attention, layer)
         # No KVCache goes in, so GPT.forward gives every call a fresh memory and checks no
@@ -490,12 +491,13 @@ class Decoder:
             full = getattr(self.full, name)[layer, :, :, :pos + 1]
             if close(got, full, 1e-3):
                 continue
-            own = getattr(self.unrouted[layer], name)[layer, :, :, :pos + 1]
-            if self.router != 'none' and close(got, own, 1e-3):
-                what = {'k': 'keys', 'v': 'values'}[name]
-                raise Wrong(f"{where}: the cache holds the layer's own {what}, not its router's "
-                            "mix: a later token attends over the routed keys/values of the past "
-                            "ones, so cache those")
+            if self.router != 'none':
+                own = getattr(self.unrouted[layer], name)[layer, :, :, :pos + 1]
+                if close(got, own, 1e-3):
+                    what = {'k': 'keys', 'v': 'values'}[name]
+                    raise Wrong(f"{where}: the cache holds the layer's own {what}, not its "
+                                "router's mix: a later token attends over the routed "
+                                "keys/values of the past ones, so cache those")
             raise Wrong(f"{where}: the cached {name} differs from what a full forward pass "
                         f"attends over at this layer by up to {max_diff(got, full):.3g}: the "
                         "routed keys/values after RoPE, each at its own token's position")
