@@ -206,6 +206,66 @@ class DynamicRouter(nn.Module):
         return sum(kv * probs[:, :, None, :, m, None] for m, kv in enumerate(memory))
 
 
+class CausalSelfAttention(nn.Module):
+    """Grouped-query attention. In a LIMe model it appends its raw keys/values to the layer
+    memory (paper v2), then attends over its router's mix of the memory instead of its own."""
+
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
+        self.head_size = config.n_embd // config.n_head
+        self.q_proj = nn.Linear(config.n_embd, self.n_head * self.head_size, bias=False)
+        self.kv_proj = nn.Linear(config.n_embd, 2 * self.n_kv_head * self.head_size, bias=False)
+        self.o_proj = nn.Linear(self.n_head * self.head_size, config.n_embd, bias=False)
+        self.keeps_kv = config.memory == 'kv'  # v2: its keys/values go into the layer memory
+        # Layer 0 has nothing earlier to read, so it has no router (paper Sec. 3).
+        self.router = None
+        if config.router != 'none' and layer_idx > 0:
+            self.router = ROUTER_CLASSES[config.router, config.memory](config, layer_idx)
+            if not self.keeps_kv:  # v1's router projects its own mix: no k/v projection here
+                self.kv_proj = None
+
+    def forward(self, h, rotary, memory=None, cache=None):
+        B, T, _ = h.shape
+        q = self.q_proj(h).view(B, T, self.n_head, self.head_size)  # (B, T, H, hs)
+        if self.kv_proj is not None:
+            kv = self.kv_proj(h).view(B, T, 2, self.n_kv_head, self.head_size)  # (B, T, 2, G, hs)
+        if memory is not None and self.keeps_kv:
+            # This layer's raw keys/values, for this and every later layer: its own entry, so
+            # that a block run again (activation checkpointing) writes the same one.
+            memory[self.layer_idx] = kv
+        if self.router is not None:
+            # (B, T, 2, G, hs): the routed mix of layers 0..l
+            kv = self.router(h, memory[:self.layer_idx + 1])
+        k, v = kv.unbind(dim=2)  # (B, T, G, hs) each
+        # RoPE after routing: routing mixes within one position, so before or after is the same.
+        pos = cache.pos if cache is not None else 0
+        q, k = rotary(q, pos), rotary(k, pos)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, hs)
+        if cache is not None:
+            k, v = cache.update(self.layer_idx, k, v)  # (B, G, pos + T, hs): every token so far
+        # A prompt (T > 1) fills an empty cache, so the causal mask lines up; one new token
+        # attends to everything cached. (Without a cache is_causal stays a plain bool for compile.)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=cache is None or T > 1,
+                                           enable_gqa=self.n_kv_head != self.n_head)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, D)
+
+
+def top_p_mask(weights, p):
+    """1.0 for the smallest set of entries along the last dim that holds at least a share p of
+    the total (non-negative) weight, 0.0 elsewhere (paper v1's pruning of routing weights).
+    Among equal weights the lower index ranks first; a row of zeros keeps every entry."""
+    if p >= 1.0:
+        return torch.ones_like(weights)  # keep all (the cumsum below could round just past 1)
+    weights = weights.detach()  # the mask only selects: gradients flow through the kept weights
+    share = weights / weights.sum(-1, keepdim=True).clamp_min(1e-30)
+    sorted_share, order = share.sort(dim=-1, descending=True, stable=True)  # ties: lower index
+    mass_before = sorted_share.cumsum(-1) - sorted_share  # the mass ranked above each entry
+    keep = (mass_before < p).to(weights.dtype)  # keep entries until the kept mass reaches p
+    return torch.zeros_like(keep).scatter(-1, order, keep)
+
+
 # Paper v1: the memory holds hidden states, the input of every layer so far (the token embeddings,
 # then each layer's output: the residual stream, unnormed). Layer l norms them with an RMSNorm of
 # its own, and kv head g mixes them into a D-vector m_g of its own; its keys and values are
@@ -293,68 +353,10 @@ def project_heads(mixed, kv_weight, B, T):
     return kv.view(kv.size(0), B, T, 2, -1).movedim(0, 3)
 
 
+# (router, memory) -> the router class: v2 mixes keys and values, v1 hidden states
 ROUTER_CLASSES = {('static', 'kv'): StaticRouter, ('dynamic', 'kv'): DynamicRouter,
-                  ('static', 'hidden'): HiddenStaticRouter, ('dynamic', 'hidden'): HiddenDynamicRouter}
-
-
-class CausalSelfAttention(nn.Module):
-    """Grouped-query attention. In a LIMe model it appends its raw keys/values to the layer
-    memory (paper v2), then attends over its router's mix of the memory instead of its own."""
-
-    def __init__(self, config, layer_idx):
-        super().__init__()
-        self.layer_idx = layer_idx
-        self.n_head, self.n_kv_head = config.n_head, config.n_kv_head
-        self.head_size = config.n_embd // config.n_head
-        self.q_proj = nn.Linear(config.n_embd, self.n_head * self.head_size, bias=False)
-        self.kv_proj = nn.Linear(config.n_embd, 2 * self.n_kv_head * self.head_size, bias=False)
-        self.o_proj = nn.Linear(self.n_head * self.head_size, config.n_embd, bias=False)
-        self.keeps_kv = config.memory == 'kv'  # v2: its keys/values go into the layer memory
-        # Layer 0 has nothing earlier to read, so it has no router (paper Sec. 3).
-        self.router = None
-        if config.router != 'none' and layer_idx > 0:
-            self.router = ROUTER_CLASSES[config.router, config.memory](config, layer_idx)
-            if not self.keeps_kv:  # v1's router projects its own mix: no k/v projection here
-                self.kv_proj = None
-
-    def forward(self, h, rotary, memory=None, cache=None):
-        B, T, _ = h.shape
-        q = self.q_proj(h).view(B, T, self.n_head, self.head_size)  # (B, T, H, hs)
-        if self.kv_proj is not None:
-            kv = self.kv_proj(h).view(B, T, 2, self.n_kv_head, self.head_size)  # (B, T, 2, G, hs)
-        if memory is not None and self.keeps_kv:
-            # This layer's raw keys/values, for this and every later layer: its own entry, so
-            # that a block run again (activation checkpointing) writes the same one.
-            memory[self.layer_idx] = kv
-        if self.router is not None:
-            # (B, T, 2, G, hs): the routed mix of layers 0..l
-            kv = self.router(h, memory[:self.layer_idx + 1])
-        k, v = kv.unbind(dim=2)  # (B, T, G, hs) each
-        # RoPE after routing: routing mixes within one position, so before or after is the same.
-        pos = cache.pos if cache is not None else 0
-        q, k = rotary(q, pos), rotary(k, pos)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, hs)
-        if cache is not None:
-            k, v = cache.update(self.layer_idx, k, v)  # (B, G, pos + T, hs): every token so far
-        # A prompt (T > 1) fills an empty cache, so the causal mask lines up; one new token
-        # attends to everything cached. (Without a cache is_causal stays a plain bool for compile.)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=cache is None or T > 1,
-                                           enable_gqa=self.n_kv_head != self.n_head)
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))  # (B, T, D)
-
-
-def top_p_mask(weights, p):
-    """1.0 for the smallest set of entries along the last dim that holds at least a share p of
-    the total (non-negative) weight, 0.0 elsewhere (paper v1's pruning of routing weights).
-    Among equal weights the lower index ranks first; a row of zeros keeps every entry."""
-    if p >= 1.0:
-        return torch.ones_like(weights)  # keep all (the cumsum below could round just past 1)
-    weights = weights.detach()  # the mask only selects: gradients flow through the kept weights
-    share = weights / weights.sum(-1, keepdim=True).clamp_min(1e-30)
-    sorted_share, order = share.sort(dim=-1, descending=True, stable=True)  # ties: lower index
-    mass_before = sorted_share.cumsum(-1) - sorted_share  # the mass ranked above each entry
-    keep = (mass_before < p).to(weights.dtype)  # keep entries until the kept mass reaches p
-    return torch.zeros_like(keep).scatter(-1, order, keep)
+                  ('static', 'hidden'): HiddenStaticRouter,
+                  ('dynamic', 'hidden'): HiddenDynamicRouter}
 
 
 # -----------------------------------------------------------------------------

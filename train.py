@@ -212,7 +212,8 @@ if model is None:
 model.to(device).train()
 if fused:  # faster code for the same numbers, asked for by name (kernels/__init__.py)
     import kernels
-    or_fail(kernels.install, model, device, torch.bfloat16 if dtype == 'bfloat16' else torch.float32)
+    mix_dtype = torch.bfloat16 if dtype == 'bfloat16' else torch.float32
+    or_fail(kernels.install, model, device, mix_dtype)
 model.checkpoint_blocks = checkpoint_blocks  # how to run, not what: not saved with the model
 optimizer = model.configure_optimizers(weight_decay, learning_rate, router_lr, (beta1, beta2),
                                        fused=device_type == 'cuda')
