@@ -101,12 +101,15 @@ KEY_KINDS = {  # upper case: not a key itself
     ('bfloat16', 'float32'): ['dtype'],
 }
 config, given, autocast = configure(globals(), KEY_KINDS)
-# router_init is the static router's start. A preset's (config/deep.py's 'identity') is left aside
-# when --router picks a router without that choice (none, dynamic); typed on the command line
-# with one, it would do nothing, and GPTConfig stops the run to say so.
-if (config['router'] != 'static' or config['memory'] != 'kv') and \
-        not any(a.startswith('--router_init=') for a in sys.argv[1:]):
+# router_init is v2's static router's start, fused its fast mix. A preset's (config/deep.py's
+# router_init='identity', config/depth_text.py's fused=True) is left aside when the command line
+# picks a router or memory without that choice (none, dynamic; memory='hidden'); typed on the
+# command line with one, it would do nothing, and the run stops to say so.
+typed = {arg[2:].partition('=')[0] for arg in sys.argv[1:] if arg.startswith('--')}
+if (config['router'] != 'static' or config['memory'] != 'kv') and 'router_init' not in typed:
     config['router_init'] = 'noisy'
+if config['memory'] != 'kv' and 'fused' not in typed:
+    config['fused'] = False
 # out_dir is this process's from here, before its checkpoint is read, to its end: a second run
 # into it is refused (None where out_dir is not made yet: the run holds it once made, below)
 out_dir_lock = bookkeeping.own(config['out_dir'])
