@@ -402,7 +402,8 @@ class RunDir:
         on a stop, self.unsaved says why the checkpoint was kept, for stop's line."""
         bad = [name for name, w in model.state_dict().items() if not torch.isfinite(w).all()]
         if bad:
-            where = f"nan or inf in {bad[0]}" + (f" and {len(bad) - 1} more" if len(bad) > 1 else "")
+            more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+            where = f"nan or inf in {bad[0]}{more}"
             why = f"its weights are not finite ({where})"
             if not signum:
                 fail(f"{why} at step {step}: stopping. {self.advice()}")

@@ -60,6 +60,7 @@ rope_base = 10000.0
 router = 'static'  # 'none' (the LLaMA baseline), 'static' or 'dynamic' (LIMe)
 router_top_p = 1.0  # prune routing weights to this share of their mass; 1 = off
 router_init = 'noisy'  # the static router's start: 'noisy' (the authors') or 'identity'
+memory = 'kv'  # what the routers mix: 'kv' = keys/values (paper v2), 'hidden' = states (v1)
 hyper_connections = 0  # the paper's other baseline: 0 = off, else n streams (paper: 4)
 hc_dynamic = True  # dynamic (per-token) hyper-connections; False = static
 vocab_size = 50257  # GPT-2's tokenizer; smaller for data with its own vocabulary
@@ -100,11 +101,15 @@ KEY_KINDS = {  # upper case: not a key itself
     ('bfloat16', 'float32'): ['dtype'],
 }
 config, given, autocast = configure(globals(), KEY_KINDS)
-# router_init is the static router's start. A preset's (config/deep.py's 'identity') is left aside
-# when --router picks a router without that choice (none, dynamic); typed on the command line
-# with one, it would do nothing, and GPTConfig stops the run to say so.
-if config['router'] != 'static' and not any(a.startswith('--router_init=') for a in sys.argv[1:]):
+# router_init is v2's static router's start, fused its fast mix. A preset's (config/deep.py's
+# router_init='identity', config/depth_text.py's fused=True) is left aside when the command line
+# picks a router or memory without that choice (none, dynamic; memory='hidden'); typed on the
+# command line with one, it would do nothing, and the run stops to say so.
+typed = {arg[2:].partition('=')[0] for arg in sys.argv[1:] if arg.startswith('--')}
+if (config['router'] != 'static' or config['memory'] != 'kv') and 'router_init' not in typed:
     config['router_init'] = 'noisy'
+if config['memory'] != 'kv' and 'fused' not in typed:
+    config['fused'] = False
 # out_dir is this process's from here, before its checkpoint is read, to its end: a second run
 # into it is refused (None where out_dir is not made yet: the run holds it once made, below)
 out_dir_lock = bookkeeping.own(config['out_dir'])
@@ -117,6 +122,9 @@ if model is None:
     gptconf = or_fail(GPTConfig, **{f.name: config[f.name] for f in fields(GPTConfig)})
 else:
     gptconf = model.config
+if fused and gptconf.memory != 'kv' and gptconf.router != 'none':  # before anything is built
+    from kernels import MIXES_KV_ONLY
+    fail(MIXES_KV_ONLY)
 if min_lr > learning_rate:
     fail(f"min_lr ({min_lr}) must not exceed learning_rate ({learning_rate})")
 lr_decay_iters = lr_decay_iters or max_iters
@@ -207,7 +215,8 @@ if model is None:
 model.to(device).train()
 if fused:  # faster code for the same numbers, asked for by name (kernels/__init__.py)
     import kernels
-    or_fail(kernels.install, model, device, torch.bfloat16 if dtype == 'bfloat16' else torch.float32)
+    mix_dtype = torch.bfloat16 if dtype == 'bfloat16' else torch.float32
+    or_fail(kernels.install, model, device, mix_dtype)
 model.checkpoint_blocks = checkpoint_blocks  # how to run, not what: not saved with the model
 optimizer = model.configure_optimizers(weight_decay, learning_rate, router_lr, (beta1, beta2),
                                        fused=device_type == 'cuda')

@@ -108,11 +108,11 @@ def test_a_few_training_steps_lower_the_loss_and_sampling_works(data_dir, tmp_pa
     assert f'router={router}' in result.stderr
 
 
-@pytest.mark.parametrize('fused', ['None', 'False'])
-def test_checkpoint_blocks_trains_to_the_same_losses(data_dir, tmp_path, fused):
+@pytest.mark.parametrize('how', ['--fused=True', '--fused=False', '--memory=hidden'])
+def test_checkpoint_blocks_trains_to_the_same_losses(data_dir, tmp_path, how):
     # Activation checkpointing recomputes each block in the backward pass: the same numbers,
-    # with kernels/memory.py's mix and with lime.py's
-    common = ['--router=static', '--eval_interval=10', '--max_iters=10', f'--fused={fused}']
+    # with kernels/memory.py's mix, with lime.py's, and with v1's (a memory of hidden states)
+    common = ['--router=static', '--eval_interval=10', '--max_iters=10', how]
     train(data_dir, tmp_path / 'plain', *common)
     train(data_dir, tmp_path / 'checkpointed', *common, '--checkpoint_blocks=True')
     plain, checkpointed = read_log(tmp_path / 'plain'), read_log(tmp_path / 'checkpointed')
@@ -204,9 +204,10 @@ def test_a_repeated_command_keeps_the_earlier_run_unless_told_to_overwrite(data_
     assert logged_steps(out) == [(0, 'val'), (1, 'train'), (2, 'train'), (2, 'val')]
 
 
-def test_two_process_ddp_matches_one_process_with_the_same_global_batch(data_dir, tmp_path):
+@pytest.mark.parametrize('memory', ['kv', 'hidden'])  # paper v2's routers, and v1's
+def test_two_process_ddp_matches_one_process_with_the_same_global_batch(data_dir, tmp_path, memory):
     common = [*TINY, f'--data_dir={data_dir}', '--router=static', '--max_iters=6', '--eval_interval=6',
-              '--gradient_accumulation_steps=2']
+              '--gradient_accumulation_steps=2', f'--memory={memory}']
     run('train.py', *common, f'--out_dir={tmp_path / "one"}')
     torchrun = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
     result = subprocess.run([*torchrun, os.path.join(ROOT, 'train.py'), *common,
@@ -254,14 +255,17 @@ def test_every_preset_parses_against_train_py_defaults(tmp_path, monkeypatch):
     # Each preset's keys and types are checked against train.py's own defaults; the run then stops
     # at the first thing that needs data, which proves the whole config was accepted. (In this
     # process, as `python train.py PRESET` would run it: one torch import for all the presets.)
-    # Each router too: a preset's static start (config/deep.py's router_init) is left aside for
-    # the others, as the presets' own commands (--router=none) need.
+    # Each router too, and v1's: a preset's static start (config/deep.py's router_init) and fast
+    # mix (config/depth_text.py's fused) are left aside for the others, as the presets' own
+    # commands (--router=none, --memory=hidden) need.
     configs = sorted(f for f in os.listdir(os.path.join(ROOT, 'config')) if f.endswith('.py'))
     assert len(configs) >= 5
+    choices = [['--router=none'], ['--router=static'], ['--router=dynamic'],
+               ['--router=static', '--memory=hidden'], ['--router=dynamic', '--memory=hidden']]
     for name in configs:
-        for router in ('none', 'static', 'dynamic'):
+        for choice in choices:
             monkeypatch.setattr(sys, 'argv', ['train.py', os.path.join(ROOT, 'config', name),
-                                              f'--router={router}', f'--data_dir={tmp_path / "none"}'])
+                                              *choice, f'--data_dir={tmp_path / "none"}'])
             with pytest.raises(SystemExit, match=r'^error: data_dir not found: [^\n]*$'):
                 runpy.run_path(os.path.join(ROOT, 'train.py'), run_name='__main__')
 
@@ -272,7 +276,15 @@ def test_a_static_start_typed_with_another_router_is_refused(tmp_path):
     for router in ('none', 'dynamic'):
         result = run('train.py', 'config/deep.py', f'--router={router}', '--router_init=identity',
                      f'--out_dir={tmp_path / router}', f'--data_dir={tmp_path / "none"}', check=False)
-        assert_clean_error(result, "router_init='identity' is a start for the static router only")
+        assert_clean_error(result, "router_init='identity' is a start for the static router of "
+                                   "memory='kv' only")
+
+
+def test_fused_typed_with_v1_is_refused_before_anything_is_built(tmp_path):
+    result = run('train.py', 'config/depth_text.py', '--memory=hidden', '--fused=True',
+                 f'--out_dir={tmp_path / "o"}', f'--data_dir={tmp_path / "none"}', check=False)
+    assert_clean_error(result, "kernels/memory.py mixes keys and values (memory='kv')")
+    assert not (tmp_path / 'o').exists()
 
 
 def test_missing_or_damaged_data_and_checkpoints_are_named(data_dir, tmp_path):
