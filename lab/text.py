@@ -45,7 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from configurator import configure, fail
 from lab import plot, read_json
-from safe_files import write_json
+from bookkeeping import write_json
 
 # -----------------------------------------------------------------------------
 stage = 'grid'  # 'grid', 'compare', 'all' (the two) or 'report' (see above)

@@ -111,21 +111,6 @@ def test_bad_config_raises_a_clear_error():
         GPTConfig(router='dynamic', router_init='identity')
 
 
-@pytest.mark.parametrize('shape', [
-    dict(router='none'), dict(router='static', n_kv_head=1), dict(router='dynamic'),
-    dict(router='static', hyper_connections=3), dict(router='none', hyper_connections=2,
-                                                    hc_dynamic=False, vocab_size=100)])
-def test_num_floats_counts_the_model_before_it_exists(shape):
-    # train.py bounds the model's size by memory with num_floats, before anything is allocated:
-    # it must count what GPT builds, weights and RoPE's tables, exactly.
-    from lime import GPT
-    config = GPTConfig(**{**dict(n_layer=3, n_head=4, n_embd=32, block_size=16, vocab_size=70),
-                          **shape})
-    model = GPT(config)
-    assert config.num_floats() == model.num_params() + model.rotary.cos.numel() + \
-        model.rotary.sin.numel()
-
-
 def test_optimizer_groups_follow_the_paper():
     model = tiny_model(router='static')
     opt = model.configure_optimizers(weight_decay=0.1, learning_rate=1e-3, router_lr=1e-2)
