@@ -469,7 +469,8 @@ def main(argv=None):
         if kept(out_dir, prefix, args.tokenizer):
             return
         where = e.filename2 or e.filename  # a rename's: out_dir
-        sys.exit(f"prepare.py: error: {where}: {e.strerror}" if where else f"prepare.py: error: {e}")
+        sys.exit(f"prepare.py: error: {where}: {e.strerror}" if where else
+                 f"prepare.py: error: {e}")
     finally:
         shutil.rmtree(aside, ignore_errors=True)  # renamed: gone already
     print(f"wrote {summary['shards']} shards to {out_dir} ({summary['documents']:,} documents): "

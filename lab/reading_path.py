@@ -11,7 +11,7 @@ the result, and tests/test_layout.py checks that it still does.
 
 What counts: all of train.py; of lime.py its docstring and imports; a function's lines from its
 first decorator to its last line; a class's header, docstring and fields, and the methods that ran.
-bookkeeping.py's and safe_files.py's functions are taken at their names (a first reading need not
+bookkeeping.py's functions are taken at their names (a first reading need not
 open them), as are the configurator's helpers behind configure. Two totals: every function run,
 and the same with prepare.py's file helpers (HELPERS: the shard format, the tokenizer, the bytes
 per token, the quick start's data) also taken at their names, so that of prepare.py only Batches
