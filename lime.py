@@ -6,7 +6,10 @@ What differs from nanoGPT's model.py:
   query attention (n_kv_head key/value heads), tied embeddings padded to a multiple of 64.
 - LIMe: every layer puts its raw (pre-RoPE) keys and values into a "layer memory", and with
   router='static' or 'dynamic' layer l >= 1 attends over a learned mix of the keys and values
-  of layers 0..l (StaticRouter, DynamicRouter). router='none' is the plain LLaMA model.
+  of layers 0..l (StaticRouter, DynamicRouter: the paper's v2). With memory='hidden' the memory
+  holds each layer's input instead, the residual stream, and each query head's keys and values
+  are projected from its own mix of layers 0..l (HiddenStaticRouter, HiddenDynamicRouter: the
+  paper's v1). router='none' is the plain LLaMA model.
 - Hyper-connections, the paper's other baseline, as an option (baselines/hyper_connections.py).
 - generate() caches the *routed* keys/values: a cache the size of the baseline's.
 
@@ -26,6 +29,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 ROUTERS = ('none', 'static', 'dynamic')
+MEMORIES = ('kv', 'hidden')  # what the layer memory holds: paper v2's keys/values, v1's states
 ROUTER_INITS = ('noisy', 'identity')  # the static router's starting weights (StaticRouter)
 
 
@@ -42,6 +46,7 @@ class GPTConfig:
     router: str = 'none'  # 'none' = LLaMA; 'static' / 'dynamic' = LIMe, reading all earlier layers
     router_top_p: float = 1.0  # keep the fewest sources holding this share of routing mass; 1 = off
     router_init: str = 'noisy'  # static R's start: 'noisy' (the authors') or 'identity'
+    memory: str = 'kv'  # what routers mix: 'kv' = keys/values (paper v2), 'hidden' = states (v1)
     hyper_connections: int = 0  # HC: 0 = off (one residual stream), else n streams (paper: 4)
     hc_dynamic: bool = True  # dynamic HC (per-token weights), as in the paper; False = static HC
 
@@ -61,12 +66,25 @@ class GPTConfig:
             raise ValueError(f"router must be one of {ROUTERS}, got {self.router!r}")
         if self.router_init not in ROUTER_INITS:
             raise ValueError(f"router_init must be one of {ROUTER_INITS}, got {self.router_init!r}")
-        if self.router_init != 'noisy' and self.router != 'static':  # else silently ignored
+        if self.memory not in MEMORIES:
+            raise ValueError(f"memory must be one of {MEMORIES}, got {self.memory!r}")
+        if self.router_init != 'noisy' and (self.router != 'static' or self.memory != 'kv'):
             raise ValueError(f"router_init={self.router_init!r} is a start for the static router "
-                             f"only; router is {self.router!r}")
+                             f"of memory='kv' only; router is {self.router!r}, memory "
+                             f"{self.memory!r}")  # else silently ignored
+        if self.memory == 'hidden':  # paper v1's routers: each rule says what v1 lacks
+            if self.router == 'none':
+                raise ValueError("memory='hidden' is what LIMe's v1 routers mix: give "
+                                 "router='static' or 'dynamic' with it")
+            if self.router == 'dynamic' and self.router_top_p < 1.0:
+                raise ValueError("router_top_p < 1 prunes v1's static router only: the paper's "
+                                 "v1 dynamic router has no top-p")
+            if self.hyper_connections:
+                raise ValueError("hyper_connections with memory='hidden' is not built: v1's "
+                                 "memory holds one residual stream a layer")
         # With top-p on, a dynamic router starts with 90% of p on the own layer (DynamicRouter):
         # below p = 1/1.9 ~ 0.53 that one source would hold p alone, and no router would learn.
-        lowest = 0.53 if self.router == 'dynamic' else 0.0
+        lowest = 0.53 if self.router == 'dynamic' and self.memory == 'kv' else 0.0
         if not lowest < self.router_top_p <= 1.0:
             raise ValueError(f"router_top_p must be in ({lowest:g}, 1] for {self.router!r}, "
                              f"got {self.router_top_p!r}")
@@ -172,7 +190,7 @@ class DynamicRouter(nn.Module):
 
 class CausalSelfAttention(nn.Module):
     """Grouped-query attention. In a LIMe model it appends its raw keys/values to the layer
-    memory, then attends over its router's mix of the memory instead of its own."""
+    memory (paper v2), then attends over its router's mix of the memory instead of its own."""
 
     def __init__(self, config, layer_idx):
         super().__init__()
@@ -182,18 +200,20 @@ class CausalSelfAttention(nn.Module):
         self.q_proj = nn.Linear(config.n_embd, self.n_head * self.head_size, bias=False)
         self.kv_proj = nn.Linear(config.n_embd, 2 * self.n_kv_head * self.head_size, bias=False)
         self.o_proj = nn.Linear(self.n_head * self.head_size, config.n_embd, bias=False)
+        self.keeps_kv = config.memory == 'kv'  # v2: its keys/values go into the layer memory
         # Layer 0 has nothing earlier to read, so it has no router (paper Sec. 3).
         self.router = None
-        if config.router == 'static' and layer_idx > 0:
-            self.router = StaticRouter(config, layer_idx)
-        elif config.router == 'dynamic' and layer_idx > 0:
-            self.router = DynamicRouter(config, layer_idx)
+        if config.router != 'none' and layer_idx > 0:
+            self.router = ROUTER_CLASSES[config.router, config.memory](config, layer_idx)
+            if not self.keeps_kv:  # v1's router projects its own mix: no k/v projection here
+                self.kv_proj = None
 
     def forward(self, h, rotary, memory=None, cache=None):
         B, T, _ = h.shape
         q = self.q_proj(h).view(B, T, self.n_head, self.head_size)  # (B, T, H, hs)
-        kv = self.kv_proj(h).view(B, T, 2, self.n_kv_head, self.head_size)  # (B, T, 2, G, hs)
-        if memory is not None:
+        if self.kv_proj is not None:
+            kv = self.kv_proj(h).view(B, T, 2, self.n_kv_head, self.head_size)  # (B, T, 2, G, hs)
+        if memory is not None and self.keeps_kv:
             # This layer's raw keys/values, for this and every later layer: its own entry, so
             # that a block run again (activation checkpointing) writes the same one.
             memory[self.layer_idx] = kv
@@ -226,6 +246,99 @@ def top_p_mask(weights, p):
     mass_before = sorted_share.cumsum(-1) - sorted_share  # the mass ranked above each entry
     keep = (mass_before < p).to(weights.dtype)  # keep entries until the kept mass reaches p
     return torch.zeros_like(keep).scatter(-1, order, keep)
+
+
+# Paper v1: the memory holds hidden states, the input of every layer so far (the token embeddings,
+# then each layer's output: the residual stream, unnormed). Layer l norms them with an RMSNorm of
+# its own, and kv head g mixes them into a D-vector m_g of its own; its keys and values are
+# projections of that mix, m_g W_g, with W_g (D, 2 hs) in place of the layer's k/v projection.
+# (The authors' v1 code mixes per query head; with n_kv_head = n_head, as v1 ran, that is this.)
+class HiddenStaticRouter(nn.Module):
+    """LIMe's static router of paper v1: for kv head g, a softmax over the S sources of learned
+    logits w[g], the same for every token:
+        m_g = sum_m softmax(w[g])_m RMSNorm(x_m),    kv~_g = m_g W_g
+    G * S logits per layer, beside the norm and the projections that replace the layer's own."""
+
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        G, S, D = config.n_kv_head, layer_idx + 1, config.n_embd
+        self.top_p = config.router_top_p
+        self.norm = nn.RMSNorm(D, eps=1e-5)
+        self.weight = nn.Parameter(torch.empty(G, S))  # the logits w
+        self.kv_weight = nn.Parameter(torch.empty(G, D, 2 * (D // config.n_head)))  # W_g: k, v
+
+    def reset_parameters(self):
+        # The authors' draws: logits N(0, 0.1^2), so that the first steps read a near-uniform
+        # mean of every layer; W as kaiming_uniform_(a=sqrt(5)) draws a (1, G, D, hs) tensor,
+        # U(+-1 / sqrt(G * D * hs)) (for their G = H, std 1 / (sqrt(3) D): far below a k_proj's).
+        G, D, two_hs = self.kv_weight.shape
+        bound = 1 / math.sqrt(G * D * two_hs // 2)
+        with torch.no_grad():
+            self.weight.normal_(std=0.1)
+            self.kv_weight.uniform_(-bound, bound)
+
+    def mix_weights(self):
+        """The softmax weights as used, (G, S); top-p keeps the largest, renormalised."""
+        probs = self.weight.softmax(dim=-1)
+        if self.top_p < 1.0:
+            probs = probs * top_p_mask(probs, self.top_p)
+            probs = probs / probs.sum(-1, keepdim=True)
+        return probs
+
+    def forward(self, h, memory):  # memory: S hidden states (B, T, D), layers 0..l
+        sources = torch.stack([self.norm(x) for x in memory])  # (S, B, T, D)
+        S, B, T, D = sources.shape
+        mixed = self.mix_weights().type_as(sources) @ sources.view(S, B * T * D)  # (G, B*T*D)
+        return project_heads(mixed.view(-1, B * T, D), self.kv_weight, B, T)
+
+
+class HiddenDynamicRouter(nn.Module):
+    """LIMe's dynamic router of paper v1: each token computes, per kv head g, a softmax over the
+    S sources from its own state (this layer's input, as this router's norm gives it):
+        a[t, g, :] = softmax((RMSNorm(x_l)[t] Wr)[g, :])
+        m[t, g] = sum_m a[t, g, m] RMSNorm(x_m)[t],    kv~[t, g] = m[t, g] W_g
+    D * G * S routing weights per layer, beside the norm and the projections."""
+
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        G, S, D = config.n_kv_head, layer_idx + 1, config.n_embd
+        self.n_kv_head, self.n_source = G, S
+        self.norm = nn.RMSNorm(D, eps=1e-5)
+        self.proj = nn.Linear(D, G * S, bias=False)  # Wr, read head-major: (G, S)
+        self.kv_weight = nn.Parameter(torch.empty(G, D, 2 * (D // config.n_head)))  # W_g: k, v
+
+    def reset_parameters(self):
+        # The authors' draws: Wr N(0, 0.02^2) (near-uniform routing at first); W as in
+        # HiddenStaticRouter.
+        G, D, two_hs = self.kv_weight.shape
+        bound = 1 / math.sqrt(G * D * two_hs // 2)
+        with torch.no_grad():
+            self.proj.weight.normal_(std=0.02)
+            self.kv_weight.uniform_(-bound, bound)
+
+    def mix_weights(self, x):
+        """Routing probabilities (B, T, G, S) from the normed current state x (B, T, D)."""
+        return self.proj(x).unflatten(-1, (self.n_kv_head, self.n_source)).float().softmax(-1)
+
+    def forward(self, h, memory):  # memory: S hidden states (B, T, D), layers 0..l
+        sources = torch.stack([self.norm(x) for x in memory], dim=2)  # (B, T, S, D)
+        B, T, S, D = sources.shape
+        probs = self.mix_weights(sources[:, :, -1]).type_as(sources)  # (B, T, G, S)
+        mixed = probs @ sources  # (B, T, G, D): a product per token
+        return project_heads(mixed.flatten(0, 1).transpose(0, 1), self.kv_weight, B, T)
+
+
+def project_heads(mixed, kv_weight, B, T):
+    """Each kv head's keys and values from its own mix: mixed (G, B*T, D) @ kv_weight (G, D, 2 hs)
+    -> (B, T, 2, G, hs), the layout of a layer's own kv."""
+    kv = torch.bmm(mixed, kv_weight)  # (G, B*T, 2 hs)
+    return kv.view(kv.size(0), B, T, 2, -1).movedim(0, 3)
+
+
+# (router, memory) -> the router class: v2 mixes keys and values, v1 hidden states
+ROUTER_CLASSES = {('static', 'kv'): StaticRouter, ('dynamic', 'kv'): DynamicRouter,
+                  ('static', 'hidden'): HiddenStaticRouter,
+                  ('dynamic', 'hidden'): HiddenDynamicRouter}
 
 
 # -----------------------------------------------------------------------------
@@ -359,7 +472,8 @@ class GPT(nn.Module):
 
     def layer_memory(self):
         """LIMe's layer memory for one forward pass: entry l is layer l's raw keys/values, set by
-        its attention and read by every later layer's router. A list holds references, not copies."""
+        its attention (v1: layer l's input, set below), read by every later layer's router. A
+        list holds references, not copies."""
         return [None] * self.config.n_layer
 
     def forward(self, idx, targets=None, cache=None):
@@ -376,7 +490,9 @@ class GPT(nn.Module):
         if cfg.hyper_connections:
             x = x.unsqueeze(2).expand(-1, -1, cfg.hyper_connections, -1)  # (B, T, n, D): copies
         memory = self.layer_memory() if cfg.router != 'none' else None
-        for block in self.blocks:
+        for l, block in enumerate(self.blocks):
+            if memory is not None and cfg.memory == 'hidden':
+                memory[l] = x  # paper v1: layer l's input, the residual stream (h_0: embeddings)
             if self.checkpoint_blocks and torch.is_grad_enabled():
                 # Only the block's input is kept; the backward pass runs the block again for the
                 # rest (its attention sets the same memory entry again).
@@ -428,8 +544,12 @@ class GPT(nn.Module):
         router parameters train at router_lr (paper: 10x), and the static router's R is not
         decayed (decay would pull it from its identity init toward reading nothing); nor are
         HC's static A and B (its authors' choice, for the same reason)."""
-        router_params = {p for r in self.routers() for p in r.parameters()}
-        no_decay = {r.weight for r in self.routers() if isinstance(r, StaticRouter)}
+        routers = self.routers()
+        # v1's routers also hold the layer's K/V projections and a norm: those train as the
+        # model's own weights do (the authors' groups)
+        own = {p for r in routers if hasattr(r, 'kv_weight') for p in (r.kv_weight, r.norm.weight)}
+        router_params = {p for r in routers for p in r.parameters()} - own
+        no_decay = {r.weight for r in routers if isinstance(r, (StaticRouter, HiddenStaticRouter))}
         no_decay |= {p for c in self.hyper_connections() for p in (c.static_alpha, c.static_beta)}
         # Groups by role, not by value, so a checkpoint's optimizer state fits any learning rate.
         groups = {(role, decay): [] for role in ('main', 'router') for decay in (True, False)}
@@ -449,15 +569,21 @@ class GPT(nn.Module):
         cfg = self.config
         hs = cfg.n_embd // cfg.n_head
         static = sum(r.weight.numel() for r in self.routers() if isinstance(r, StaticRouter))
+        v1_logits = sum(r.weight.numel() for r in self.routers()
+                        if isinstance(r, HiddenStaticRouter))
         hc_weights = sum(p.numel() for hc in self.hyper_connections() for p in hc.parameters())
-        matmuls = 6 * (self.num_params() - static - hc_weights)  # lm_head: the tied embedding
+        matmuls = 6 * (self.num_params() - static - v1_logits - hc_weights)  # lm_head: tied
         attention = 6 * 2 * cfg.n_layer * cfg.n_head * hs * (seq_len or cfg.block_size)  # qk, av
         # Static: one multiply-add per weight R[g, m, h] and channel of k and v (2 hs). Dynamic:
         # one per (head, source layer, channel of k and v).
         dynamic = sum(r.n_kv_head * r.n_source for r in self.routers()
                       if isinstance(r, DynamicRouter))
+        # v1: one multiply-add per (kv head, source layer, channel of the D-wide state).
+        v1 = sum(r.kv_weight.size(0) * (r.weight.size(1) if isinstance(r, HiddenStaticRouter)
+                                        else r.n_source)
+                 for r in self.routers() if hasattr(r, 'kv_weight'))
         hc = sum(c.flops_per_token() for c in self.hyper_connections())
-        return matmuls + attention + 6 * 2 * hs * (static + dynamic) + hc
+        return matmuls + attention + 6 * 2 * hs * (static + dynamic) + 6 * cfg.n_embd * v1 + hc
 
     def estimate_mfu(self, tokens_per_second, peak_flops=989e12, seq_len=None):
         """Training FLOP/s over the device's peak (default: H100 SXM bf16 dense)."""

@@ -57,6 +57,7 @@ rope_base = 10000.0
 router = 'static'  # 'none' (the LLaMA baseline), 'static' or 'dynamic' (LIMe)
 router_top_p = 1.0  # prune routing weights to this share of their mass; 1 = off
 router_init = 'noisy'  # the static router's start: 'noisy' (the authors') or 'identity'
+memory = 'kv'  # what the routers mix: 'kv' = keys/values (paper v2), 'hidden' = states (v1)
 hyper_connections = 0  # the paper's other baseline: 0 = off, else n streams (paper: 4)
 hc_dynamic = True  # dynamic (per-token) hyper-connections; False = static
 vocab_size = 50257  # GPT-2's tokenizer; smaller for data with its own vocabulary
@@ -138,12 +139,15 @@ if min_lr > learning_rate:
     fail(f"min_lr ({min_lr}) must not exceed learning_rate ({learning_rate})")
 lr_decay_iters = lr_decay_iters or max_iters
 config['lr_decay_iters'] = lr_decay_iters  # saved with the run: a resume keeps its schedule
-# router_init is the static router's start: the other routers have none, so it goes to the
-# model only with router='static', and a preset's start (config/deep.py) stays out of their way.
+# router_init is the start of v2's static router: the other routers have none, so it goes to the
+# model only with it, and a preset's start (config/deep.py) stays out of their way.
 model_keys = {f.name: config[f.name] for f in fields(GPTConfig)}
-if router != 'static':
+if router != 'static' or memory != 'kv':
     model_keys['router_init'] = 'noisy'
 gptconf = model.config if checkpoint is not None else or_fail(GPTConfig, **model_keys)
+if fused and gptconf.memory != 'kv' and gptconf.router != 'none':  # before anything is built
+    from kernels import MIXES_KV_ONLY
+    fail(MIXES_KV_ONLY)
 
 # -----------------------------------------------------------------------------
 # setup: one process, or one per GPU under torchrun

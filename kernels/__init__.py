@@ -28,6 +28,8 @@ class FusedDynamicRouter(lime.DynamicRouter):
 
 
 FUSED = {lime.StaticRouter: FusedStaticRouter, lime.DynamicRouter: FusedDynamicRouter}
+MIXES_KV_ONLY = ("fused=True: kernels/memory.py mixes keys and values (memory='kv'), not the "
+                 "hidden states of memory='hidden' (paper v1): run it with --fused=False")
 
 
 def install(model, device, dtype=None):
@@ -39,6 +41,8 @@ def install(model, device, dtype=None):
     cfg = model.config
     if cfg.router == 'none':
         return model
+    if cfg.memory != 'kv':
+        raise ValueError(MIXES_KV_ONLY)
     for router in model.routers():
         if type(router) not in FUSED:
             raise ValueError(f"fused=True covers lime.py's own routers, not "

@@ -73,7 +73,7 @@ deep_routers = 'none,static'
 seeds = '1,2,3,4'  # the seed sets the initial weights only: every run sees the same batches
 heldout_seeds = ''  # seeds run after the others and reported apart: kept unseen while choosing
 # -----------------------------------------------------------------------------
-ROUTERS = ('none', 'static', 'dynamic')
+ROUTERS = ('none', 'static', 'dynamic', 'static-v1', 'dynamic-v1')  # -v1: memory='hidden'
 INITS = ('noisy', 'identity')  # lime.py's router_init, for the static router
 
 
@@ -171,8 +171,11 @@ def train_command(run_dir, n_steps, layers, router, lr, x, seed, init):
     its checkpoint), or from scratch."""
     if os.path.exists(os.path.join(run_dir, 'ckpt.pt')):
         return [sys.executable, 'train.py', '--init_from=resume', f'--out_dir={run_dir}']
-    return [sys.executable, 'train.py', preset, f'--out_dir={run_dir}', '--overwrite=True',
-            f'--seed={seed}', f'--data_dir={data_dir}', f'--n_layer={layers}', f'--router={router}',
+    # paper v1's routers: the hidden-state memory, which kernels/memory.py does not mix
+    v1 = ['--memory=hidden', '--fused=False'] if router.endswith('-v1') else []
+    return [sys.executable, 'train.py', preset, *v1, f'--out_dir={run_dir}', '--overwrite=True',
+            f'--seed={seed}', f'--data_dir={data_dir}', f'--n_layer={layers}',
+            f"--router={router.removesuffix('-v1')}",
             f'--router_init={init}', f'--learning_rate={lr}', f'--router_lr={lr * x}',
             f'--min_lr={lr / 10}', f'--max_iters={n_steps}', f'--warmup_iters={warmup_iters}',
             f'--eval_interval={eval_interval}', f'--eval_iters={eval_iters}',

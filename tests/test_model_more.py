@@ -145,6 +145,12 @@ def test_compiles_as_one_graph_and_matches_eager(router):
                                             router_top_p=0.9 if router != 'none' else 1.0))
 
 
+@pytest.mark.parametrize('router, top_p', [('static', 0.9), ('dynamic', 1.0)])
+def test_v1_compiles_as_one_graph_and_matches_eager(router, top_p):
+    assert_compiles_as_one_graph(tiny_model(router=router, memory='hidden', n_kv_head=2,
+                                            router_top_p=top_p))
+
+
 def assert_compiles_as_one_graph(model):
     # fullgraph=True fails on any graph break; the aot_eager backend traces forward and backward
     # like inductor does, without the minutes of C++ compilation a CPU run of inductor costs.

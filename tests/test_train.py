@@ -108,11 +108,11 @@ def test_a_few_training_steps_lower_the_loss_and_sampling_works(data_dir, tmp_pa
     assert f'router={router}' in result.stderr
 
 
-@pytest.mark.parametrize('fused', ['True', 'False'])
-def test_checkpoint_blocks_trains_to_the_same_losses(data_dir, tmp_path, fused):
+@pytest.mark.parametrize('how', ['--fused=True', '--fused=False', '--memory=hidden'])
+def test_checkpoint_blocks_trains_to_the_same_losses(data_dir, tmp_path, how):
     # Activation checkpointing recomputes each block in the backward pass: the same numbers,
-    # with kernels/memory.py's mix and with lime.py's
-    common = ['--router=static', '--eval_interval=10', '--max_iters=10', f'--fused={fused}']
+    # with kernels/memory.py's mix, with lime.py's, and with v1's (a memory of hidden states)
+    common = ['--router=static', '--eval_interval=10', '--max_iters=10', how]
     train(data_dir, tmp_path / 'plain', *common)
     train(data_dir, tmp_path / 'checkpointed', *common, '--checkpoint_blocks=True')
     plain, checkpointed = read_log(tmp_path / 'plain'), read_log(tmp_path / 'checkpointed')
@@ -204,9 +204,10 @@ def test_a_repeated_command_keeps_the_earlier_run_unless_told_to_overwrite(data_
     assert logged_steps(out) == [(0, 'val'), (1, 'train'), (2, 'train'), (2, 'val')]
 
 
-def test_two_process_ddp_matches_one_process_with_the_same_global_batch(data_dir, tmp_path):
+@pytest.mark.parametrize('memory', ['kv', 'hidden'])  # paper v2's routers, and v1's
+def test_two_process_ddp_matches_one_process_with_the_same_global_batch(data_dir, tmp_path, memory):
     common = [*TINY, f'--data_dir={data_dir}', '--router=static', '--max_iters=6', '--eval_interval=6',
-              '--gradient_accumulation_steps=2']
+              '--gradient_accumulation_steps=2', f'--memory={memory}']
     run('train.py', *common, f'--out_dir={tmp_path / "one"}')
     torchrun = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
     result = subprocess.run([*torchrun, os.path.join(ROOT, 'train.py'), *common,

@@ -1,10 +1,10 @@
 """
 config/lab/text_depth.py: a config file of lab/text.py's keys (not train.py's). LIMe at depth,
-fairly (docs/results.md): the rates tuned at 24 layers, for the baseline and for static LIMe from both of
-its starts (router_init: the authors' identity plus noise, and the identity alone), then the two
-compared at the rates each chose over seeds 1-4, at 24 layers and at 8 (there with the 8-layer
-grid's rates), and two held-out seeds after. Every stage, in one command (finished runs are kept,
-an interrupted one resumes):
+fairly (docs/results.md): the rates tuned at 24 layers, for the baseline and for static LIMe from
+both of its starts (router_init: the authors' identity plus noise, and the identity alone), then
+the two compared at the rates each chose over seeds 1-4, at 24 layers and at 8 (there with the
+8-layer grid's rates), and two held-out seeds after. Every stage, in one command (finished runs
+are kept, an interrupted one resumes):
     python -m lab.text config/lab/text_depth.py --stage=all
 """
 out = 'out/text_depth'
