@@ -138,11 +138,22 @@ def routing_weights(model, idx):
     """weights[l, g, m]: the share of layer l's kv head g drawn from source layer m, shape
     (n_layer, n_kv_head, n_layer); each row sums to 1 and is 0 for m > l (paper Fig. 13).
     Static: |R| summed per source layer and normalised. Dynamic: the router's probabilities
-    averaged over the tokens idx (B, T). Layers without a router read only themselves."""
+    averaged over the tokens idx (B, T). v1 (memory='hidden'): its softmax weights, the static
+    router's as they are, the dynamic one's averaged over the tokens. Layers without a router
+    read only themselves."""
     L, G = model.config.n_layer, model.config.n_kv_head
     weights = torch.eye(L)[:, None, :].repeat(1, G, 1)  # (L, G, L): layer l reads layer l
     routers = list(model.routers())  # layers 1 .. L-1
-    if model.config.router == 'static':
+    v1 = model.config.memory == 'hidden'
+    if v1 and model.config.router == 'static':
+        with torch.no_grad():
+            shares = [router.mix_weights() for router in routers]  # (G, l + 1) each
+    elif v1:  # the current state, as the router's norm gives it: the last memory entry (args[1])
+        def mean_v1_probs(router):
+            return lambda args, out: router.mix_weights(router.norm(args[1][-1])).mean(dim=(0, 1))
+        kept = capture(model, idx, {l: (r, mean_v1_probs(r)) for l, r in enumerate(routers, 1)})
+        shares = [kept[l] for l in range(1, L)]
+    elif model.config.router == 'static':
         with torch.no_grad():
             shares = [router.mix_weights().abs().view(G, l + 1, G).sum(-1) for l, router in enumerate(routers, 1)]
     elif model.config.router == 'dynamic':  # the router's input h is args[0] of its call

@@ -400,3 +400,25 @@ def test_probe_with_too_few_examples_of_a_token_is_skipped_with_a_note(gpt2_chec
         analyze.main(args + ['--probe_folds=1'])
     with pytest.raises(SystemExit, match=r'^error: probe_examples \(3\) must be at least probe_folds [^\n]*$'):
         analyze.main(args + ['--probe_examples=3'])
+
+
+@pytest.mark.parametrize('router', ['static', 'dynamic'])
+def test_v1_routing_weights_are_its_softmax_per_head_and_source(router):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=4, n_head=4, n_kv_head=2, n_embd=32, vocab_size=50,
+                          block_size=16, router=router, memory='hidden')).eval()
+    idx = torch.randint(0, 50, (2, 16))
+    weights = routing_weights(model, idx)
+    assert torch.allclose(weights.sum(-1), torch.ones(4, 2))
+    last = model.routers()[-1]
+    if router == 'static':
+        want = last.mix_weights()
+    else:  # the last layer's input, through its router's norm: the tokens' mean probabilities
+        seen = {}
+        hook = last.register_forward_hook(lambda r, args, out: seen.update(x=args[1][-1]))
+        model(idx)
+        hook.remove()
+        want = last.mix_weights(last.norm(seen['x'])).mean(dim=(0, 1))
+    assert torch.allclose(weights[3], want.detach(), atol=1e-6)
+    # and the values layer_features reads are v1's projections of its mix (B, T, G * hs)
+    assert layer_features(model, idx)[0][3].shape == (2, 16, 16)

@@ -255,14 +255,17 @@ def test_every_preset_parses_against_train_py_defaults(tmp_path, monkeypatch):
     # Each preset's keys and types are checked against train.py's own defaults; the run then stops
     # at the first thing that needs data, which proves the whole config was accepted. (In this
     # process, as `python train.py PRESET` would run it: one torch import for all the presets.)
-    # Each router too: a preset's static start (config/deep.py's router_init) is left aside for
-    # the others, as the presets' own commands (--router=none) need.
+    # Each router too, and v1's: a preset's static start (config/deep.py's router_init) and fast
+    # mix (config/depth_text.py's fused) are left aside for the others, as the presets' own
+    # commands (--router=none, --memory=hidden) need.
     configs = sorted(f for f in os.listdir(os.path.join(ROOT, 'config')) if f.endswith('.py'))
     assert len(configs) >= 5
+    choices = [['--router=none'], ['--router=static'], ['--router=dynamic'],
+               ['--router=static', '--memory=hidden'], ['--router=dynamic', '--memory=hidden']]
     for name in configs:
-        for router in ('none', 'static', 'dynamic'):
+        for choice in choices:
             monkeypatch.setattr(sys, 'argv', ['train.py', os.path.join(ROOT, 'config', name),
-                                              f'--router={router}', f'--data_dir={tmp_path / "none"}'])
+                                              *choice, f'--data_dir={tmp_path / "none"}'])
             with pytest.raises(SystemExit, match=r'^error: data_dir not found: [^\n]*$'):
                 runpy.run_path(os.path.join(ROOT, 'train.py'), run_name='__main__')
 
