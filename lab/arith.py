@@ -191,9 +191,8 @@ def split_text(name, per_ops, task):
 
 
 def run_prepare(task):
-    """The data set into out_dir, as prepare.py writes one (under a lock on out_dir, its
-    dataset.json last): runs may have trained on what a directory holds, so a finished set is kept
-    and another data set refused; only what an unfinished prepare left is replaced."""
+    """The data set into out_dir, as prepare.py writes one (beside it, then renamed into place):
+    runs may have trained on what a directory holds, so the same set is kept and another refused."""
     # A shard's header counts its tokens in an int32: measured on one example of each operator count
     rng = random.Random(0)
     example_tokens = sum(len(example_text(*make_example(rng, n, task['modulus'], task['cot'])))
