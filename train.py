@@ -118,6 +118,10 @@ if config['init_from'] == 'resume':
         fail(f"{config['out_dir']}/ckpt.pt holds no {', '.join(missing)}: not a checkpoint "
              "train.py can resume")
     saved = checkpoint['config']
+    # The model's keys as its checkpoint builds it (one of older code lacks the newer ones); but
+    # router_init as the run was given it (the model of a router other than static has none)
+    saved.update({f.name: getattr(model.config, f.name) for f in fields(GPTConfig)
+                  if f.name != 'router_init' or f.name not in saved})
     saved['data_dir'] = checkpoint['data']['data_dir']  # its real path: one however it is written
     config['data_dir'] = os.path.realpath(config['data_dir'])
     changed = [key for key in sorted(given - MACHINE_KEYS) if config[key] != saved.get(key)]
