@@ -107,7 +107,7 @@ def test_bad_config_raises_a_clear_error():
         GPTConfig(router_top_p=0.0)
     with pytest.raises(ValueError, match='router_init must be one of'):
         GPTConfig(router='static', router_init='zeros')
-    with pytest.raises(ValueError, match='for the static router only'):  # never silently ignored
+    with pytest.raises(ValueError, match="for the static router of memory='kv' only"):  # never silently ignored
         GPTConfig(router='dynamic', router_init='identity')
 
 
