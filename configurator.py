@@ -2,20 +2,20 @@
 configurator.py: nanoGPT's configurator, made safe. Config files (`key = value` lines of Python
 literals, parsed, never executed) and --key=value change a script's defaults block, left to right.
 A key must exist (a typo gets "did you mean"), keep its type (an int may stand for a float) and
-lie in its range (KINDS); else one line, `error: ...`, stops the script. `--help` lists the keys:
+lie in its range (KINDS); else one line, `error: ...`, stops the script. `--help` lists the keys,
+with the values the config files before it set:
     python train.py config/cpu_demo.py --router=dynamic --learning_rate=3e-4
-Every script imports it first, before torch (a second or two): from then on Ctrl-C ends the
-script in one line (interrupted), its imports included. So it imports torch only when it needs it.
 """
 import ast
 import difflib
 import math
 import os
 import re
-import signal
 import sys
 import time
 from contextlib import nullcontext
+
+import torch
 
 # What a key may hold: a test, and how an error states it. A script gives a key a kind or a tuple
 # of allowed values where the script itself uses the value; the model's keys are checked where they
@@ -38,58 +38,51 @@ def configure(namespace, kinds, argv=None):
     them), each checked against kinds, {kind: [keys]} (a key with no kind: only that a float is
     finite). A CPU defaults to float32 and no compile (no fast bf16 matmuls; compiling rarely
     pays)."""
-    import torch  # here, not above: see the module's docstring
     config = {k: v for k, v in namespace.items() if k.islower() and not k.startswith('_')
               and type(v) in (int, float, bool, str)}
     argv = sys.argv[1:] if argv is None else argv
-    if '-h' in argv or '--help' in argv:
-        print_help(config)
-        raise SystemExit(0)
     given = set()
     for arg in argv:
+        if arg in ('-h', '--help'):
+            continue
         if not arg.startswith('--'):
             given |= read_config_file(arg, config)
             continue
         key, eq, text = arg[2:].partition('=')
         if not eq:
             fail(f"expected --key=value, got '{arg}'")
-        try:  # 3e-4, True or true, None; a bare word is a string: --router=static
+        try:  # 3e-4, True or true; a bare word is a string: --router=static
             value = ast.literal_eval(text.title() if text.lower() in ('true', 'false') else text)
         except Exception:  # not a literal
             value = text
         if isinstance(config.get(key), str):  # a text key takes the text as typed: --seeds=1
             value = text
         given.add(set_key(config, key, value, f"--{key}"))
+    if '-h' in argv or '--help' in argv:
+        print_help(config)
     kind_of = {key: kind for kind, keys in kinds.items() for key in keys}
     for key, value in config.items():
-        if not isinstance(value, bool):
-            check_value(key, value, kind_of.get(key))
+        check_value(key, value, kind_of.get(key))
     device_type = 'cuda' if config.get('device', 'cpu').startswith('cuda') else 'cpu'
     if device_type == 'cpu':
         config.update({k: v for k, v in {'dtype': 'float32', 'compile': False}.items()
                        if k in config and k not in given})
-    else:  # float32 matmuls may use TF32 (bf16 work is unaffected)
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     bf16 = config.get('dtype') == 'bfloat16'
     return config, given, torch.autocast(device_type, torch.bfloat16) if bf16 else nullcontext()
 
 
-def check_value(key, value, kind, where=''):
-    """One line now, not a silent misuse later or torch's traceback at first use; where, before
-    it, says where the value came from (a checkpoint's saved settings)."""
+def check_value(key, value, kind):
+    """One line now, not a silent misuse later or torch's traceback at first use."""
     if isinstance(value, float) and not math.isfinite(value):
-        fail(f"{where}{key} must be a finite number, got {value}")
+        fail(f"{key} must be a finite number, got {value}")
     if isinstance(kind, tuple) and value not in kind:
-        fail(f"{where}{key} must be one of {', '.join(map(repr, kind))}, got {value!r}")
+        fail(f"{key} must be one of {', '.join(map(repr, kind))}, got {value!r}")
     if kind in KINDS and not KINDS[kind][0](value):
-        fail(f"{where}{key} must be {KINDS[kind][1]}, got {value!r}")
-    # An int becomes a torch or numpy int64 somewhere (a step count, a tensor's size): beyond
-    # that it is an OverflowError there, not a value anyone means (a huge one that fits, say
-    # max_iters=10**15, is taken as asked: it runs that long).
+        fail(f"{key} must be {KINDS[kind][1]}, got {value!r}")
+    # An int becomes a torch or numpy int64 somewhere (a step count, a tensor's size)
     if type(value) is int and not -2**63 <= value < 2**63:
-        fail(f"{where}{key} must be from -2**63 to 2**63 - 1, got {value}")
+        fail(f"{key} must be from -2**63 to 2**63 - 1, got {value}")
     if kind == 'device' and value.startswith('cuda'):
-        import torch  # here, not above: see the module's docstring
         count = torch.cuda.device_count()
         if int(value.partition(':')[2] or 0) >= count:
             fail(f"device {value!r}: torch {torch.__version__} sees " + (f"{count} CUDA GPU(s) "
@@ -114,30 +107,6 @@ def or_fail(call, *args, **kwargs):
         fail(str(e))
     except OSError as e:
         fail(f"{e.filename}: {e.strerror}" if e.filename else str(e))
-
-
-def interrupted(kind, error, traceback):
-    """sys.excepthook, from this module's import on: Ctrl-C (a KeyboardInterrupt) ends a script
-    with one line, not a traceback; on the way out, a file being written has removed its
-    temporary. The script then ends as Ctrl-C ends it (killed by SIGINT: 130 in a shell)."""
-    if not issubclass(kind, KeyboardInterrupt):
-        return sys.__excepthook__(kind, error, traceback)
-    if os.environ.get('RANK', '0') in ('', '0'):  # under torchrun, the first process only
-        print(f"interrupted: {os.path.basename(sys.argv[0])} stopped", file=sys.stderr)
-    if os.name == 'posix':
-        # Python would end by killing itself with SIGINT, as Ctrl-C does; but once some libraries
-        # are imported (torch._dynamo, by kernels/memory.py), their exit handlers leave it at
-        # exit status 1. So end that way here, the output written first.
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):  # a closed pipe or terminal: nothing more to write
-                pass
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-
-
-sys.excepthook = interrupted  # as soon as a script imports this module, its first import
 
 
 def read_config_file(path, config):
@@ -184,15 +153,21 @@ def read_text(path, what, hint=''):
 
 
 def print_help(config):
-    """The script's docstring, then each key, its default and its comment in the defaults block."""
+    """The script's docstring, then each key, its value (the default, or a config file's) and its
+    comment in the defaults block; then exit. A reader that stops early (`| head`) is fine."""
     script = sys.modules['__main__']
-    print((script.__doc__ or '').strip() + '\n')
     with open(script.__file__, encoding='utf-8') as f:  # the first `key = ...` is the default
         comments = dict(reversed(re.findall(r"^(\w+) = [^#\n]*(?:#\s*(.*))?$", f.read(), re.M)))
     short = {k: format(v, 'g') for k, v in config.items()  # 9.89e+14, not 989000000000000.0
              if isinstance(v, float) and len(repr(v)) > 10 and float(format(v, 'g')) == v}
     settings = {k: f"--{k}={short.get(k, v)}" for k, v in config.items()}
     width = max(map(len, settings.values()))
-    print("keys, with their defaults (config files of `key = value` lines, then --key=value):")
-    for key, setting in settings.items():
-        print(f"  {setting:<{width}}  {comments.get(key, '')}".rstrip())
+    lines = [(script.__doc__ or '').strip() + '\n',
+             "keys, with their values (config files of `key = value` lines, then --key=value):"]
+    lines += [f"  {setting:<{width}}  {comments.get(key, '')}".rstrip()
+              for key, setting in settings.items()]
+    try:
+        print('\n'.join(lines), flush=True)
+    except BrokenPipeError:  # the reader has its lines: the rest goes nowhere, no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    raise SystemExit(0)

@@ -100,24 +100,6 @@ class GPTConfig:
         """vocab_size rounded up to a multiple of 64, the embedding's rows: shapes GPUs like."""
         return 64 * ((self.vocab_size + 63) // 64)
 
-    def num_floats(self):
-        """The numbers the model holds, counted before it exists: its weights (GPT.num_params)
-        and RoPE's tables. tests/test_model_more.py holds it to the models it builds."""
-        D = self.n_embd
-        G = self.n_kv_head
-        hs = self.n_embd // self.n_head
-        # A block: the q and o projections, k and v, SwiGLU's three matrices, two norm gains.
-        block = 2 * D * D + 2 * D * G * hs + 3 * D * self.mlp_hidden + 2 * D
-        if self.hyper_connections:  # two per block (baselines/hyper_connections.py)
-            n = self.hyper_connections
-            block += 2 * (n * (n + 2) + (D * (n + 2) + 2) * self.hc_dynamic)
-        # Routers read, at layer l, l + 1 sources: 2 + 3 + ... + n_layer of them in all.
-        sources = self.n_layer * (self.n_layer + 1) // 2 - 1
-        per_source = {'none': 0, 'static': G * G, 'dynamic': (D + 1) * G}[self.router]
-        embedding = self.padded_vocab * D  # tied to the output head
-        rope = self.block_size * hs  # cos and sin, half a head wide each
-        return embedding + self.n_layer * block + sources * per_source + D + rope
-
 
 # -----------------------------------------------------------------------------
 # LIMe: two routers that mix the layer memory, and the attention that fills and reads it

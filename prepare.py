@@ -23,23 +23,21 @@ token count) followed by the tokens as little-endian uint16. Shard 0 holds valid
 can be dropped into a directory and used with train.py --data_dir as they are. The other scripts
 find and read shards with shard_paths() and read_shard() from here, the format's one home.
 
-A data set is whole or absent: prepare.py writes it under a lock on out_dir (a second writer is
-refused), each file under a name of its own until it is whole, and its dataset.json says
-"finished" only after the last shard. The other scripts read a set once it is finished, and refuse
-one being written or left unfinished (a directory without dataset.json, of shards put there by hand
-or by an older prepare.py, is read as it is). If prepare.py fails or is stopped (Ctrl-C), it removes
-what it wrote. The lock, the whole files and the marker are safe_files.py's.
+A data set is whole or absent: prepare.py writes it into a new directory beside out_dir and
+renames that to out_dir once every shard is written, so a reader finds no directory or the whole
+set. Stopped or failed, it deletes its directory; two at once (two runs preparing the default
+data) both end with the set, the first one's.
 """
-import configurator  # noqa: F401 (first, before numpy: from here Ctrl-C is one line, see there)
-
 import argparse
 import glob
 import gzip
 import itertools
 import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import zlib
 from multiprocessing import Pool
 
@@ -47,8 +45,6 @@ import numpy as np
 import tiktoken
 from tqdm import tqdm
 
-from safe_files import (MARKER, check_finished, data_record, file_identity, holds_finished_set,
-                        lock, write_atomically, write_json, writing_data_set)
 
 MAGIC, VERSION = 20240520, 1  # identify the llm.c / modded-nanogpt shard format
 HEADER_INTS = 256
@@ -65,17 +61,16 @@ PREFIXES = {"pydoc": "pydoc", "local": "local", "fineweb": "fineweb_edu"}  # sou
 
 
 def write_shard(path, tokens):
-    """Write token ids as a shard, atomically: an interrupted write leaves no file under `path`."""
+    """Write token ids as a shard (prepare writes them into a directory that is renamed whole)."""
     tokens = np.asarray(tokens)
     if tokens.size and not (tokens.min() >= 0 and tokens.max() < 2**16):
         raise ValueError(f"{path}: token ids must lie in [0, 65536) to be stored as uint16")
     header = np.zeros(HEADER_INTS, dtype="<i4")
     header[:3] = MAGIC, VERSION, len(tokens)
 
-    def write(f):
+    with open(path, "wb") as f:
         f.write(header.tobytes())
         f.write(tokens.astype("<u2").tobytes())
-    write_atomically(path, write)
 
 
 def read_shard(path, vocab_size=None):
@@ -114,12 +109,11 @@ def shard_path(out_dir, prefix, split, index):
 
 def shard_paths(data_dir, split):
     """The paths of data_dir's shards of split ('train' or 'val'), in order. Raises ValueError,
-    saying why, if there are none or data_dir holds a set still being written (check_finished)."""
+    saying why, if there are none."""
     if not os.path.isdir(data_dir):
         raise ValueError(f"data_dir not found: {data_dir} (prepare.py writes shards: `--source "
                          "fineweb` for data/fineweb_edu; to start small, `--tokenizer=bytes` for "
                          "config/cpu_demo.py)")
-    check_finished(data_dir)
     paths = sorted(glob.glob(os.path.join(data_dir, f"*_{split}_*.bin")))
     if not paths:
         raise ValueError(f"no *_{split}_*.bin shards in {data_dir}/: write some with prepare.py, "
@@ -159,15 +153,13 @@ class Batches:
     stretch of span = B*T*world_size tokens and process `rank` its slice, so a run sees the same
     tokens for any number of processes. Every shard is checked here, before step 0, not first when
     a run reaches it; one too short for a micro-step (like the last one prepare.py writes) is
-    skipped, with a note to log. A shard opened is checked again against its file at the start
-    (replaced or rewritten since, it stops the run) and copied into memory. Raises ValueError,
-    saying why, where data can't serve."""
+    skipped, with a note to log. A shard opened is copied into memory. Raises ValueError, saying
+    why, where data can't serve."""
 
     def __init__(self, data_dir, B, T, rank=0, world_size=1, vocab_size=None, log=print):
         self.files = shard_paths(data_dir, "train")
         self.data_dir, self.B, self.T, self.rank, self.span = data_dir, B, T, rank, B*T*world_size
         self.vocab_size = vocab_size
-        self.seen = [file_identity(path) for path in self.files]  # before reading: as checked
         lengths = [len(read_shard(path, vocab_size)) for path in self.files]
         self.names = [[os.path.basename(path), n] for path, n in zip(self.files, lengths)]
         self.usable = [i for i, n in enumerate(lengths) if n > self.span]  # the +1: the last target
@@ -195,13 +187,7 @@ class Batches:
         self.shard, self.tokens = shard, self.open(shard)
 
     def open(self, shard):
-        """The shard's tokens, copied into memory, once checked to be the file of the start."""
-        path = self.files[shard]
-        tokens = read_shard(path, self.vocab_size)  # whole, its ids in the vocabulary
-        if file_identity(path) != self.seen[shard]:
-            raise ValueError(f"{path} changed since this run started (replaced, or written to): "
-                             "stopping rather than train on other data (restore it, then resume)")
-        return np.array(tokens)
+        return np.array(read_shard(self.files[shard], self.vocab_size))  # copied into memory
 
     def following(self, shard):
         return next((i for i in self.usable if i > shard), self.usable[0])
@@ -322,48 +308,22 @@ def gpt2_encoding():
                          "directory holding its cached files")
 
 
-def valid_unicode(text):
-    """(text, the number of lone surrogates it held), each now U+FFFD, as tiktoken makes them: JSON
-    can escape half of a UTF-16 pair ("\\ud800"), which is no character and has no UTF-8 bytes."""
-    try:
-        text.encode("utf-8")
-        return text, 0
-    except UnicodeEncodeError:
-        fixed = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-        return fixed, fixed.count("\ufffd") - text.count("\ufffd")
-
-
 def tokenize(text):
-    """(<|endoftext|> then the document's GPT-2 tokens, the lone surrogates replaced in it). Runs
-    in the pool's worker processes."""
+    """<|endoftext|> then the document's GPT-2 tokens. Runs in the pool's worker processes."""
     enc = tiktoken.get_encoding("gpt2")  # tiktoken caches it: each worker loads the BPE only once
-    text, replaced = valid_unicode(text)
-    return np.array([EOT] + enc.encode_ordinary(text), dtype=np.uint16), replaced
+    return np.array([EOT] + enc.encode_ordinary(text), dtype=np.uint16)
 
 
 def tokenize_bytes(text):
-    """(the document-start token then the document's UTF-8 bytes, the lone surrogates replaced)."""
-    text, replaced = valid_unicode(text)
-    return np.array([BYTES_DOC] + list(text.encode("utf-8")), dtype=np.uint16), replaced
+    """The document-start token then the document's UTF-8 bytes. Half of a UTF-16 pair, which JSON
+    can escape and UTF-8 cannot hold, becomes U+FFFD, as tiktoken makes it."""
+    text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return np.array([BYTES_DOC] + list(text.encode("utf-8")), dtype=np.uint16)
 
 
-def tokenizer_pool(workers):
-    """A pool of tokenizer processes made with Ctrl-C ignored, left to this process (which stops
-    them all; else each prints a traceback), and SIGTERM (and SIGHUP, a terminal gone) at its
-    default, so that they end at once when the pool stops them, whatever handlers this process
-    has (train.py's)."""
-    own_int = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    own_term = signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    own_hup = signal.getsignal(signal.SIGHUP) if hasattr(signal, "SIGHUP") else None
-    if own_hup not in (None, signal.SIG_IGN):  # ignored (nohup): the workers ignore it too
-        signal.signal(signal.SIGHUP, signal.SIG_DFL)
-    try:
-        return Pool(workers)  # forked now: each process keeps the settings above
-    finally:
-        signal.signal(signal.SIGINT, own_int)
-        signal.signal(signal.SIGTERM, own_term)
-        if own_hup not in (None, signal.SIG_IGN):
-            signal.signal(signal.SIGHUP, own_hup)
+def ignore_ctrl_c():
+    """The pool's workers leave Ctrl-C to the main process, which stops them all."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def decode_bytes(ids):
@@ -381,33 +341,36 @@ def decode_bytes(ids):
 def data_tokenizer(data_dir):
     """'bytes', 'gpt2' or 'characters': the tokenizer of data_dir's shards, from its tokenizer.json;
     without one, lab/arith.py's characters where its task.json is, else GPT-2 BPE."""
-    record = data_record(data_dir, "tokenizer.json")
-    if record is None:
+    path = os.path.join(data_dir, "tokenizer.json")
+    if not os.path.isfile(path):
         return "characters" if os.path.isfile(os.path.join(data_dir, "task.json")) else "gpt2"
-    if record.get("tokenizer") not in ("bytes", "gpt2"):
-        raise ValueError(f"{os.path.join(data_dir, 'tokenizer.json')}: unknown tokenizer "
-                         f"{record.get('tokenizer')!r} (prepare.py writes 'bytes')")
-    return record["tokenizer"]
+    try:
+        with open(path, encoding="utf-8") as f:
+            tokenizer = json.load(f).get("tokenizer")
+    except (ValueError, OSError, AttributeError) as e:
+        raise ValueError(f"{path}: not prepare.py's tokenizer.json ({e})") from None
+    if tokenizer not in ("bytes", "gpt2"):
+        raise ValueError(f"{path}: unknown tokenizer {tokenizer!r} (prepare.py writes 'bytes')")
+    return tokenizer
 
 
 def prepare(documents, out_dir, prefix, args):
     """Tokenize documents in parallel, split them into validation and training, write the shards.
-    Returns what dataset.json records of them: their number, the documents and tokens."""
+    Returns their number, the documents and the tokens of each split."""
     encode = tokenize_bytes if args.tokenizer == "bytes" else tokenize
     if args.tokenizer == "bytes":  # train.py and sample.py read it
-        write_json(os.path.join(out_dir, "tokenizer.json"),
-                   {"tokenizer": "bytes", "vocab_size": BYTES_VOCAB})
+        with open(os.path.join(out_dir, "tokenizer.json"), "w") as f:
+            json.dump({"tokenizer": "bytes", "vocab_size": BYTES_VOCAB}, f)
     else:
         gpt2_encoding()  # loaded here, once, before the workers start: they find it cached
     val = []  # validation documents, written last as shard 0
     buf, fill = np.empty(args.shard_size, dtype=np.uint16), 0  # the training shard being filled
-    n_docs = n_val = n_train = n_train_shards = n_replaced = 0
+    n_docs = n_val = n_train = n_train_shards = 0
     # imap keeps documents in order, so a run is reproducible; chunks amortize inter-process traffic
-    with tokenizer_pool(args.workers) as pool, \
+    with Pool(args.workers, ignore_ctrl_c) as pool, \
             tqdm(total=args.max_tokens, unit="tok", unit_scale=True) as bar:
-        for tokens, replaced in pool.imap(encode, documents, chunksize=16):
+        for tokens in pool.imap(encode, documents, chunksize=16):
             bar.update(len(tokens))
-            n_replaced += replaced
             if n_docs % args.val_every == 0 and n_val < args.val_tokens:
                 val.append(tokens)
                 n_val += len(tokens)
@@ -435,7 +398,7 @@ def prepare(documents, out_dir, prefix, args):
         write_shard(shard_path(out_dir, prefix, "train", n_train_shards), part)
     write_shard(shard_path(out_dir, prefix, "val", 0), np.concatenate(val))
     return {"shards": n_train_shards + 1, "documents": n_docs, "val_tokens": n_val,
-            "train_tokens": n_train, "lone_surrogates": n_replaced}
+            "train_tokens": n_train}
 
 
 def count(text):
@@ -451,9 +414,8 @@ def count(text):
     return n
 
 
-def main(argv=None, wait=False):
-    """prepare.py's command line (argv: its words, default sys.argv's). With wait, a data set
-    being written into out_dir is waited for rather than refused."""
+def main(argv=None):
+    """prepare.py's command line (argv: its words, default sys.argv's)."""
     parser = argparse.ArgumentParser(
         description="Tokenize text into token shards for train.py (GPT-2 BPE, or bytes).")
     source = parser.add_mutually_exclusive_group()
@@ -486,53 +448,43 @@ def main(argv=None, wait=False):
     prefix = PREFIXES[name]
     suffix = "_bytes" if args.tokenizer == "bytes" else ""
     out_dir = args.out_dir or os.path.join("data", prefix + suffix)
-    if kept(out_dir, prefix, args.tokenizer):  # before the lock: a finished set is only read
+    if kept(out_dir, prefix, args.tokenizer):
         return
     try:
-        os.makedirs(out_dir, exist_ok=True)
-        writer = lock(out_dir)  # held until main returns
-        if writer is None and wait:
-            print(f"waiting for the process writing {out_dir} to finish", flush=True)
-            writer = lock(out_dir, wait=True)
-    except OSError as e:  # out_dir not writable, or a file
-        sys.exit(f"prepare.py: error: cannot write to out_dir {out_dir}: {e.strerror}")
-    except ValueError as e:  # its .lock is a link
-        sys.exit(f"prepare.py: error: {e}")
-    if writer is None:
-        sys.exit(f"prepare.py: error: another process is writing {out_dir} now (prepare.py, or "
-                 "train.py preparing it): wait for it to finish, or give another --out_dir")
-    if kept(out_dir, prefix, args.tokenizer):  # finished while this one waited for the lock
-        return
+        aside = make_aside(out_dir)
+    except OSError as e:
+        sys.exit(f"prepare.py: error: cannot write beside {out_dir}: {e.strerror}")
     try:
-        # Left by a writer that stopped before the end (no one else holds the lock): no set
-        for path in [*glob.glob(os.path.join(out_dir, f"{prefix}_*.bin*")),
-                     *glob.glob(os.path.join(out_dir, "tokenizer.json*")),
-                     *glob.glob(os.path.join(out_dir, f"{MARKER}*"))]:
-            os.remove(path)
         if name == "local":
             documents = local_documents(args.input)
         elif name == "fineweb":
             documents = fineweb_documents()
         else:
             documents = pydoc_documents()
-        with writing_data_set(out_dir) as summary:
-            summary.update(prepare(documents, out_dir, prefix, args))
+        summary = prepare(documents, aside, prefix, args)
+        os.rename(aside, out_dir)  # over an empty directory, or none
     except InputError as e:
         sys.exit(f"prepare.py: error: {e}")
-    except OSError as e:  # a full disk, say: writing_data_set removed the set's files
-        sys.exit(f"prepare.py: error: {e.filename}: {e.strerror}" if e.filename else
+    except OSError as e:  # a full disk, say; or out_dir made meanwhile (by a second prepare.py)
+        if kept(out_dir, prefix, args.tokenizer):
+            return
+        where = e.filename2 or e.filename  # a rename's: out_dir
+        sys.exit(f"prepare.py: error: {where}: {e.strerror}" if where else
                  f"prepare.py: error: {e}")
-    except KeyboardInterrupt:
-        print(f"prepare.py: interrupted: {out_dir} holds none of the set it was writing",
-              file=sys.stderr)
-        sys.exit(130)  # as a shell reports Ctrl-C
-    replaced = summary["lone_surrogates"]
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)  # renamed: gone already
     print(f"wrote {summary['shards']} shards to {out_dir} ({summary['documents']:,} documents): "
-          f"val {summary['val_tokens']:,} tokens, train {summary['train_tokens']:,} tokens"
-          + (f"; {replaced:,} lone surrogates (half a UTF-16 pair: no character) written as "
-             "U+FFFD" if replaced else ""))
+          f"val {summary['val_tokens']:,} tokens, train {summary['train_tokens']:,} tokens")
     if argv is None:  # run as a command: what to run next (train.py, calling main, runs it now)
         print(f"next: {next_command(out_dir, prefix, args.tokenizer)}")
+
+
+def make_aside(out_dir):
+    """A new directory beside out_dir (on its filesystem, so that renaming it to out_dir is one
+    step), where a data set is written until it is whole."""
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    os.makedirs(parent, exist_ok=True)
+    return tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(out_dir)}.")
 
 
 def next_command(out_dir, prefix, tokenizer):
@@ -550,14 +502,14 @@ def next_command(out_dir, prefix, tokenizer):
 
 
 def kept(out_dir, prefix, tokenizer):
-    """Whether out_dir holds a finished set of prefix's shards, which is kept, saying so; stops in
-    one line where they are another data set's, or of another tokenizer."""
+    """Whether out_dir holds a set of prefix's shards, which is kept, saying so; stops in one
+    line where it holds other files, or shards of another tokenizer."""
+    if not os.path.isdir(out_dir) or not os.listdir(out_dir):
+        return False
     shards = glob.glob(os.path.join(out_dir, f"{prefix}_*.bin"))
-    if set(glob.glob(os.path.join(out_dir, "*_*_*.bin"))) - set(shards):  # another data set's
-        sys.exit(f"prepare.py: error: {out_dir} holds other shards: give another --out_dir")
-    try:  # an older prepare.py wrote the validation shard last
-        if not holds_finished_set(out_dir, shard_path(out_dir, prefix, "val", 0)):
-            return False
+    if not os.path.exists(shard_path(out_dir, prefix, "val", 0)):
+        sys.exit(f"prepare.py: error: {out_dir} holds other files: give another --out_dir")
+    try:
         held = data_tokenizer(out_dir)
     except ValueError as e:
         sys.exit(f"prepare.py: error: {e}")
@@ -569,18 +521,17 @@ def kept(out_dir, prefix, tokenizer):
 
 def prepare_if_default(data_dir):
     """train.py's first step on a fresh clone: when data_dir is where `python prepare.py` puts the
-    embedded data set (data/pydoc, or data/pydoc_bytes with --tokenizer=bytes) and holds no
-    finished set, make it (waiting for another process that is making it: a second run started
-    beside the first). Raises ValueError if its dataset.json is not prepare.py's."""
+    embedded data set (data/pydoc, or data/pydoc_bytes with --tokenizer=bytes) and is missing,
+    make it."""
     pydoc = PREFIXES["pydoc"]
     tokenizers = {os.path.join("data", pydoc): "gpt2",
                   os.path.join("data", pydoc + "_bytes"): "bytes"}
     tokenizer = tokenizers.get(os.path.normpath(data_dir))
-    if tokenizer is None or holds_finished_set(data_dir, shard_path(data_dir, pydoc, "val", 0)):
+    if tokenizer is None or os.path.isdir(data_dir):
         return
     print(f"{data_dir} holds no data set: preparing Python's docs there (as `python prepare.py"
           f"{' --tokenizer=bytes' if tokenizer == 'bytes' else ''}`)", flush=True)
-    main(["--out_dir", data_dir, "--tokenizer", tokenizer], wait=True)
+    main(["--out_dir", data_dir, "--tokenizer", tokenizer])
 
 
 if __name__ == "__main__":

@@ -8,15 +8,13 @@ train.py: train a LIMe or baseline GPT on the token shards that prepare.py write
 Config files and --key=value set the keys of the defaults block below (`--help` lists them).
 out_dir/ckpt.pt is the checkpoint (--init_from=resume continues the run exactly, with its
 settings); out_dir/log.txt has a JSON object a line: the settings, then each log line's record.
-bookkeeping.py keeps them (and refuses to replace an earlier run): this file is the training.
+bookkeeping.py keeps them whole (and refuses to replace an earlier run unasked).
 """
-from configurator import configure, fail, or_fail  # first, before torch: Ctrl-C is one line
-
+import ctypes
 import math
 import os
 import sys
 import time
-import zlib
 from contextlib import nullcontext
 from dataclasses import fields
 
@@ -26,13 +24,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import bookkeeping
-from lime import GPT, GPTConfig
-from memory_limits import out_of_memory_in_one_line
+from bookkeeping import RunDir, Stop, say
+from configurator import configure, fail, or_fail
+from lime import GPT, GPTConfig, load_checkpoint
 from prepare import (BYTES_VOCAB, Batches, data_tokenizer, prepare_if_default, read_shard,
                      shard_paths, token_bytes)
 
-# -----------------------------------------------------------------------------
 # default config values: a GPT-2-small-shaped LIMe model on FineWeb-Edu, on one GPU
 # I/O
 out_dir = 'out'  # where ckpt.pt and log.txt go; one run per out_dir
@@ -101,43 +98,66 @@ KEY_KINDS = {  # upper case: not a key itself
     ('bfloat16', 'float32'): ['dtype'],
 }
 config, given, autocast = configure(globals(), KEY_KINDS)
-# router_init is v2's static router's start, fused its fast mix. A preset's (config/deep.py's
-# router_init='identity', config/depth_text.py's fused=True) is left aside when the command line
-# picks a router or memory without that choice (none, dynamic; memory='hidden'); typed on the
-# command line with one, it would do nothing, and the run stops to say so.
-typed = {arg[2:].partition('=')[0] for arg in sys.argv[1:] if arg.startswith('--')}
-if (config['router'] != 'static' or config['memory'] != 'kv') and 'router_init' not in typed:
-    config['router_init'] = 'noisy'
-if config['memory'] != 'kv' and 'fused' not in typed:
-    config['fused'] = False
-# out_dir is this process's from here, before its checkpoint is read, to its end: a second run
-# into it is refused (None where out_dir is not made yet: the run holds it once made, below)
-out_dir_lock = bookkeeping.own(config['out_dir'])
-# With --init_from=resume: the saved run's model and settings (checked as a --key=value is), not
-# today's defaults; (None, None) for a new run.
-model, checkpoint = bookkeeping.resume_settings(config, given, KEY_KINDS)
-globals().update(config)
 
-if model is None:
-    gptconf = or_fail(GPTConfig, **{f.name: config[f.name] for f in fields(GPTConfig)})
-else:
-    gptconf = model.config
-if fused and gptconf.memory != 'kv' and gptconf.router != 'none':  # before anything is built
-    from kernels import MIXES_KV_ONLY
-    fail(MIXES_KV_ONLY)
+# -----------------------------------------------------------------------------
+# resume: the run is the checkpoint's. What a machine may change (these keys, and the schedule's
+# and the logs' keys when given) is applied; a key that would make it another run is refused.
+MACHINE_KEYS = {'out_dir', 'init_from', 'overwrite', 'device', 'dtype', 'compile', 'fused',
+                'checkpoint_blocks', 'peak_flops'}
+RUN_KEYS = {'data_dir', 'batch_size', 'block_size', 'eval_iters', 'seed',
+            *(f.name for f in fields(GPTConfig))}
+checkpoint = None
+if config['init_from'] == 'resume':
+    if config['overwrite']:
+        fail("--overwrite=True replaces the run in out_dir, --init_from=resume continues it: give "
+             "one of them")
+    # To the CPU: the model moves to its device below (under torchrun, known only then)
+    model, checkpoint = or_fail(load_checkpoint, os.path.join(config['out_dir'], 'ckpt.pt'), 'cpu')
+    if missing := [key for key in ('config', 'data', 'optimizer', 'rng', 'step', 'val_loss')
+                   if key not in checkpoint]:
+        fail(f"{config['out_dir']}/ckpt.pt holds no {', '.join(missing)}: not a checkpoint "
+             "train.py can resume")
+    saved = checkpoint['config']
+    # The model's keys as its checkpoint builds it (one of older code lacks the newer ones); but
+    # router_init as the run was given it (the model of a router other than static has none)
+    saved.update({f.name: getattr(model.config, f.name) for f in fields(GPTConfig)
+                  if f.name != 'router_init' or f.name not in saved})
+    saved['data_dir'] = checkpoint['data']['data_dir']  # its real path: one however it is written
+    config['data_dir'] = os.path.realpath(config['data_dir'])
+    changed = [key for key in sorted(given - MACHINE_KEYS) if config[key] != saved.get(key)]
+    for key in changed:
+        if key in RUN_KEYS and key in saved:
+            fail(f"--{key}={config[key]!r} would make another run than the checkpoint's "
+                 f"({key}={saved[key]!r}): train it into another --out_dir")
+    config.update({key: value for key, value in saved.items()
+                   if key in config and key not in given | MACHINE_KEYS})
+    if checkpoint['step'] >= config['max_iters']:
+        say(f"the checkpoint is at step {checkpoint['step']}, max_iters is {config['max_iters']}: "
+            "nothing to train (a larger --max_iters trains it further)")
+        raise SystemExit(0)
+    for key in changed:
+        say(f"note: resuming with {key}={config[key]!r}, changed from the checkpoint's "
+            f"{saved.get(key)!r}")
+globals().update(config)
 if min_lr > learning_rate:
     fail(f"min_lr ({min_lr}) must not exceed learning_rate ({learning_rate})")
 lr_decay_iters = lr_decay_iters or max_iters
 config['lr_decay_iters'] = lr_decay_iters  # saved with the run: a resume keeps its schedule
+# router_init is the start of v2's static router: the other routers have none, so it goes to the
+# model only with it, and a preset's start (config/deep.py) stays out of their way.
+model_keys = {f.name: config[f.name] for f in fields(GPTConfig)}
+if router != 'static' or memory != 'kv':
+    model_keys['router_init'] = 'noisy'
+gptconf = model.config if checkpoint is not None else or_fail(GPTConfig, **model_keys)
+# fused is kernels/memory.py's mix of keys and values: v1's memory of hidden states has none, so
+# a preset's fused=True (config/depth_text.py) is left aside there, with a note.
+if fused and memory != 'kv' and router != 'none':
+    say("note: fused=True is a mix of keys and values: memory='hidden' mixes as lime.py does")
+    fused = config['fused'] = False
 
 # -----------------------------------------------------------------------------
 # setup: one process, or one per GPU under torchrun
 ddp = int(os.environ.get('RANK', -1)) != -1
-# Ctrl-C, SIGTERM (what a cluster's scheduler sends a job before it kills it), SIGUSR1 (SLURM's
-# warning that the time is nearly up) or SIGHUP (a lost terminal): one line and the exit code a
-# shell expects (130, 143, 138, 129), never a traceback; from the training loop on, with a save.
-# An output that closes (a `| tee` gone) stops nothing.
-interrupts = bookkeeping.Interrupts(ddp)
 device_type = 'cuda' if device.startswith('cuda') else 'cpu'
 rank = 0
 world_size = 1
@@ -147,55 +167,54 @@ if ddp:
     world_size = dist.get_world_size()
     if device_type == 'cuda':
         device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
-if device_type == 'cuda' and ':' in device:
+if device_type == 'cuda':
     torch.cuda.set_device(device)  # kernels launch on the current device: make it ours
-if device_type == 'cpu':
-    bookkeeping.tune_cpu_allocator()
+    torch.backends.cuda.matmul.allow_tf32 = True  # float32 matmuls may use TF32 (bf16: no change)
+if device_type == 'cpu' and sys.platform == 'linux':
+    # glibc hands each step's large freed blocks (the logits) back to the OS and faults them in
+    # again at the next step: keeping up to 1 GiB of freed heap made CPU steps 1.4-1.6x faster
+    mallopt = getattr(ctypes.CDLL(None), 'mallopt', None)  # None: not glibc
+    if mallopt is not None:
+        mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD: blocks up to 1 GiB come from the heap
+        mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: and the heap is not trimmed below that
 master = rank == 0  # only it logs and writes to out_dir
-log = bookkeeping.say  # print, on rank 0 only
 
 if gradient_accumulation_steps % world_size:
     fail(f"gradient_accumulation_steps ({gradient_accumulation_steps}) must be a multiple of the "
          f"number of processes ({world_size})")
 accum_steps = gradient_accumulation_steps // world_size  # micro-steps on this process
 tokens_per_step = batch_size * block_size * gradient_accumulation_steps
-log(f"tokens per step: {tokens_per_step:,} = {batch_size} batch x {block_size} block x "
+say(f"tokens per step: {tokens_per_step:,} = {batch_size} batch x {block_size} block x "
     f"{gradient_accumulation_steps} micro-steps ({world_size} process{'es' * (world_size > 1)})")
 if max_iters <= warmup_iters:
-    log(f"note: max_iters={max_iters} ends within the warmup (warmup_iters={warmup_iters}): the "
+    say(f"note: max_iters={max_iters} ends within the warmup (warmup_iters={warmup_iters}): the "
         f"learning rate rises all run, to {max_iters / warmup_iters:.0%} of its peak, no decay")
 torch.manual_seed(seed)
 
 # -----------------------------------------------------------------------------
-# data: every shard is checked now, before step 0 (prepare.Batches reads them all), and again
-# when it is opened
+# data: every training shard is checked now, before step 0 (prepare.Batches reads them all)
 if master:  # data/pydoc(_bytes), missing: made now, so the quick start needs no prepare.py step
     or_fail(prepare_if_default, data_dir)
 if ddp:
-    dist.barrier()  # the other processes read the data once it is whole
+    dist.barrier()  # the other processes read the data once it is there
 # The data's tokenizer goes into the run's settings, so that sample.py decodes with it.
 config['tokenizer'] = or_fail(data_tokenizer, data_dir)
 if config['tokenizer'] == 'bytes' and vocab_size != BYTES_VOCAB:
     fail(f"{data_dir} holds byte-level shards: train on them with --vocab_size={BYTES_VOCAB}")
 B, T = batch_size, block_size
-train_batches = or_fail(Batches, data_dir, B, T, rank, world_size, vocab_size, log)
-val_shard = or_fail(shard_paths, data_dir, 'val')[0]
-val_tokens = or_fail(read_shard, val_shard, vocab_size)
+train_batches = or_fail(Batches, data_dir, B, T, rank, world_size, vocab_size, say)
+val_tokens = or_fail(read_shard, or_fail(shard_paths, data_dir, 'val')[0], vocab_size)
 val_batches = min(eval_iters, (len(val_tokens) - 1) // (B * T))
 if val_batches == 0:
     fail(f"the validation shard holds {len(val_tokens):,} tokens, fewer than one batch "
          f"(batch_size * block_size = {B * T:,}): lower them, as config/cpu_demo.py does")
 if val_batches < eval_iters:
-    log(f"note: the validation shard fits only {val_batches} of eval_iters={eval_iters} batches")
-# What every evaluation reads, copied into memory: nothing done to the file can change it now
-val_tokens = np.array(val_tokens[:val_batches * B * T + 1])
-# and how, saved with each checkpoint: only val losses measured the same way compare (RunDir.save)
-val_measure = {'batches': val_batches, 'batch_size': B, 'block_size': T,
-               'tokens': zlib.crc32(val_tokens.tobytes())}
+    say(f"note: the validation shard fits only {val_batches} of eval_iters={eval_iters} batches")
+val_tokens = np.array(val_tokens[:val_batches * B * T + 1])  # what every evaluation reads
 # Bits per byte needs each token's UTF-8 bytes: known for GPT-2, bytes, and arith.py's characters.
 byte_counts, why = token_bytes(vocab_size, data_dir)
 if byte_counts is None:
-    log(f"note: no bits per byte in the evaluations: {why}")
+    say(f"note: no bits per byte in the evaluations: {why}")
 else:
     byte_counts = torch.from_numpy(byte_counts).to(device)
 
@@ -204,35 +223,40 @@ if mc_interval:  # a multiple-choice task, scored during training: lab/evaluate.
     mc = TaskScorer.for_training(config, rank, world_size)
 
 # -----------------------------------------------------------------------------
-# model and optimizer: what training holds must fit in this process's memory (checked first)
-run = bookkeeping.RunDir(config, master, val_measure, out_dir_lock)  # out_dir: log.txt, ckpt.pt
-bookkeeping.check_training_memory(gptconf, config, built=model is not None)
-# The check counts a floor: memory that runs out all the same, here or at any step, ends the run in
-# one line naming what to lower, with out_dir's last checkpoint as it was.
-out_of_memory_in_one_line(bookkeeping.LOWER_TO_FIT, run.kept)
-if model is None:
+# model and optimizer
+run = RunDir(config, master, checkpoint)  # out_dir: log.txt and ckpt.pt
+if checkpoint is None:
     model = GPT(gptconf)
 model.to(device).train()
+model.checkpoint_blocks = checkpoint_blocks  # how to run, not what: not saved with the model
 if fused:  # faster code for the same numbers, asked for by name (kernels/__init__.py)
     import kernels
-    mix_dtype = torch.bfloat16 if dtype == 'bfloat16' else torch.float32
-    or_fail(kernels.install, model, device, mix_dtype)
-model.checkpoint_blocks = checkpoint_blocks  # how to run, not what: not saved with the model
+    or_fail(kernels.install, model, device, getattr(torch, dtype))
 optimizer = model.configure_optimizers(weight_decay, learning_rate, router_lr, (beta1, beta2),
                                        fused=device_type == 'cuda')
 base_lrs = [group['lr'] for group in optimizer.param_groups]  # the schedule scales each of these
 step = 0
 if checkpoint is not None:
     step = checkpoint['step']
-    bookkeeping.restore_state(checkpoint, optimizer, train_batches, config)
-log(f"model: {model.num_params() / 1e6:.2f}M parameters, router={gptconf.router}")
-run.claim(model, checkpoint)  # resumed: the checkpoint's step and evaluation
-remeasure = run.measured_otherwise(checkpoint)  # its val loss taken over other batches?
+    # The moments are the checkpoint's; each group's settings (betas, weight_decay) today's
+    settings = [{k: v for k, v in group.items() if k != 'params'}
+                for group in optimizer.param_groups]
+    optimizer.load_state_dict(checkpoint['optimizer'])
+    for group, today in zip(optimizer.param_groups, settings):
+        group.update(today)
+    torch.set_rng_state(checkpoint['rng']['cpu'])
+    if device_type == 'cuda' and checkpoint['rng']['cuda'] is not None:
+        torch.cuda.set_rng_state(checkpoint['rng']['cuda'])
+    or_fail(train_batches.restore, checkpoint['data'])
+    say(f"resumed from {run.ckpt_path} at step {step}")
+say(f"model: {model.num_params() / 1e6:.2f}M parameters, router={gptconf.router}")
+run.claim({'config': config, 'params': model.num_params(),
+           'flops_per_token': model.flops_per_token()})
 checkpoint = None  # free the memory
 
 raw_model = model  # the model itself: its state dict is what checkpoints hold
 if compile:
-    log("compiling the model (a minute or so)...")
+    say("compiling the model (a minute or so)...")
     model = torch.compile(model)
 if ddp:  # the model's only buffers are constants (RoPE tables): DDP need not broadcast them
     local = [int(os.environ['LOCAL_RANK'])] if device_type == 'cuda' else None
@@ -253,11 +277,14 @@ def lr_factor(it):
 
 
 def stop_signal():
-    """The signal to stop at this step (bookkeeping.stop_signals), 0 while none has come: under
-    DDP the one any process got (one all_reduce of a number a step), so that all stop together."""
+    """The stop signal to stop on after this step, 0 while none has come. Under DDP every process
+    stops at the same step, on the signal any of them got: asked at the log steps only, as the
+    all_reduce waits for the device."""
     if not ddp:
-        return interrupts.signal
-    signum = torch.tensor(interrupts.signal, device=device)
+        return stop.signum
+    if step % log_interval and step != max_iters:
+        return 0
+    signum = torch.tensor(stop.signum, device=device)
     dist.all_reduce(signum, op=dist.ReduceOp.MAX)
     return signum.item()
 
@@ -300,11 +327,7 @@ def evaluate():
 # -----------------------------------------------------------------------------
 # training loop
 start_step = step
-if remeasure:  # the checkpoint's weights, evaluated as this run evaluates: the loss to beat
-    run.remeasured(evaluate()[0])
-# From here a stop signal ends the run after the step in flight, with a checkpoint; a second (not
-# the same one again at once, as a job script that forwards it sends it) stops it at once.
-interrupts.save_first(run)
+stop = Stop(ddp, run.kept)  # from here a stop signal ends the run after its step, saved
 window_start = time.time()  # steps are timed over the window since the last log line
 window_steps = 0
 while True:
@@ -312,11 +335,19 @@ while True:
     # evaluate, log and save a checkpoint (at step 0 of a new run: evaluate only)
     if (step % eval_interval == 0 or last_step) and (step > start_step or init_from == 'scratch'):
         val_loss, val_bpb = evaluate()
-        mc_scores = None
+        line = f"step {step}/{max_iters} | val loss {val_loss:.4f}"
+        record = {'step': step, 'val_loss': val_loss}
+        if val_bpb is not None:
+            line += f" | bpb {val_bpb:.4f}"
+            record['val_bpb'] = val_bpb
         if mc_interval and (step % mc_interval == 0 or last_step):
-            mc_scores = (mc.name, *mc.score(model, device, autocast, compiled=compile))
-        run.log_eval(step, val_loss, val_bpb, mc_scores)
-        if step > start_step:  # replaces the checkpoint if RunDir.save's rule lets it
+            acc, acc_norm = mc.score(model, device, autocast, compiled=compile)
+            line += f" | {mc.name} acc {acc:.4f} acc_norm {acc_norm:.4f}"
+            record.update(mc_acc=acc, mc_acc_norm=acc_norm)
+        say(line)
+        run.evaluated_at(step, val_loss)
+        run.write(record)
+        if step > start_step:
             run.save(raw_model, optimizer, train_batches, step)
         window_start = time.time()  # keep evaluation out of the timings
         window_steps = 0
@@ -329,8 +360,7 @@ while True:
         group['lr'] = base_lr * factor
     loss_sum = torch.zeros((), device=device)
     for micro_step in range(accum_steps):
-        # (through or_fail: a shard deleted since step 0 stops the run in one line)
-        x, y = (torch.from_numpy(a) for a in or_fail(train_batches.next))
+        x, y = (torch.from_numpy(a) for a in train_batches.next())
         if device_type == 'cuda':  # from pinned memory the copy overlaps the GPU's work
             x, y = x.pin_memory(), y.pin_memory()
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -350,18 +380,33 @@ while True:
 
     if step % log_interval == 0 or step == max_iters:
         train_loss = sum_over_processes(loss_sum.item() / accum_steps) / world_size  # waits for GPU
+        grad_norm = grad_norm.item()
+        run.check_finite(train_loss, 'the training loss', step)
+        run.check_finite(grad_norm, 'the gradient norm', step)  # the weights come next
         seconds_per_step = (time.time() - window_start) / window_steps
-        run.log_step(step, train_loss, grad_norm.item(), base_lrs[0] * factor, seconds_per_step,
-                     raw_model)
+        tokens_per_sec = tokens_per_step / seconds_per_step
+        lr = base_lrs[0] * factor
+        line = (f"step {step}/{max_iters} | loss {train_loss:.4f} | lr {lr:.2e} "
+                f"| norm {grad_norm:.3f} | {seconds_per_step * 1000:.1f} ms "
+                f"| {tokens_per_sec:,.0f} tok/s")
+        if device_type == 'cuda':
+            mfu = raw_model.estimate_mfu(tokens_per_sec / world_size, peak_flops)
+            line += f" | mfu {mfu:.1%}"
+        minutes_left = seconds_per_step * (max_iters - step) / 60
+        line += f" | eta {minutes_left / 60:.1f} h" if minutes_left > 90 else \
+            f" | eta {minutes_left:.1f} min"
+        say(line)
+        run.write({'step': step, 'train_loss': train_loss, 'lr': lr, 'grad_norm': grad_norm,
+                   'ms_per_step': seconds_per_step * 1000, 'tokens_per_sec': tokens_per_sec})
         window_start = time.time()
         window_steps = 0
-    signum = stop_signal() if step < max_iters else 0  # the last step saves as always
-    if signum:
-        run.save(raw_model, optimizer, train_batches, step, signum)
-        break
+    if (signum := stop_signal()) and step < max_iters:  # (the last step saves as always)
+        unsaved = run.save(raw_model, optimizer, train_batches, step, stopping=True)
+        if ddp:
+            dist.barrier()  # rank 0 may still be saving
+            dist.destroy_process_group()
+        run.stop(signum, step, unsaved)
 
 if ddp:
     dist.barrier()  # rank 0 may still be saving: tearing down under it can abort (SIGABRT) a run
     dist.destroy_process_group()
-if step < max_iters:  # stopped by a signal: say how to go on
-    run.stop(signum, step)

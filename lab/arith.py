@@ -46,17 +46,18 @@ import glob
 import math
 import os
 import random
+import shutil
 import time
 from collections import defaultdict
 
 import numpy as np
 import torch
 
+from bookkeeping import write_json
 from configurator import configure, fail, or_fail
 from lab import json_line, read_json
 from lime import load_model
-from prepare import read_shard, shard_path, shard_paths, write_shard
-from safe_files import MARKER, check_finished, holds_finished_set, lock, write_json, writing_data_set
+from prepare import make_aside, read_shard, shard_path, shard_paths, write_shard
 
 # -----------------------------------------------------------------------------
 mode = 'prepare'  # 'prepare': write the data set; 'eval': score a checkpoint
@@ -190,9 +191,8 @@ def split_text(name, per_ops, task):
 
 
 def run_prepare(task):
-    """The data set into out_dir, as prepare.py writes one (under a lock on out_dir, its
-    dataset.json last): runs may have trained on what a directory holds, so a finished set is kept
-    and another data set refused; only what an unfinished prepare left is replaced."""
+    """The data set into out_dir, as prepare.py writes one (beside it, then renamed into place):
+    runs may have trained on what a directory holds, so the same set is kept and another refused."""
     # A shard's header counts its tokens in an int32: measured on one example of each operator count
     rng = random.Random(0)
     example_tokens = sum(len(example_text(*make_example(rng, n, task['modulus'], task['cot'])))
@@ -202,38 +202,26 @@ def run_prepare(task):
             fail(f"{key}={task[key]} makes a split of about {task[key] * example_tokens:,} tokens, more than "
                  "a shard holds (2**31 - 1)")
     task_path = os.path.join(out_dir, 'task.json')
-    try:
-        os.makedirs(out_dir, exist_ok=True)
-        writer = lock(out_dir)  # held until this returns
-    except OSError as e:
-        fail(f"cannot write to out_dir {out_dir}: {e.strerror}")
-    except ValueError as e:  # its .lock is a link
-        fail(str(e))
-    if writer is None:
-        fail(f"another process is writing {out_dir} now: wait for it to finish, or give another "
-             "--out_dir")
-    finished = or_fail(holds_finished_set, out_dir, task_path)  # older versions: task.json last
-    if finished and os.path.isfile(task_path) and read_json(task_path, 'task file') == task:
-        print(f"{out_dir} already holds this data set: kept (delete it to prepare anew)")
-        return print(f"next: python train.py config/arith.py --data_dir={out_dir}")
-    foreign = [p for p in glob.glob(os.path.join(out_dir, '*_*_*.bin'))
-               if not os.path.basename(p).startswith('arith_')]
-    if finished or foreign:
+    if os.path.isdir(out_dir) and os.listdir(out_dir):
+        if os.path.isfile(task_path) and read_json(task_path, 'task file') == task:
+            print(f"{out_dir} already holds this data set: kept (delete it to prepare anew)")
+            return print(f"next: python train.py config/arith.py --data_dir={out_dir}")
         fail(f"{out_dir} holds another data set, which runs may have trained on: give another "
              "--out_dir (or delete it, and the runs that read it, to prepare anew)")
     t0 = time.time()
+    # Whole or absent: written into a directory beside out_dir, renamed to it once whole
+    aside = or_fail(make_aside, out_dir)
     try:
-        for name in ('arith_*.bin*', 'task.json*', f'{MARKER}*'):  # left by an unfinished prepare
-            for path in glob.glob(os.path.join(out_dir, name)):
-                os.remove(path)
-        with writing_data_set(out_dir):
-            for name, per_ops, index in (('val', val_per_ops, 0), ('train', train_per_ops, 1)):
-                tokens = encode(split_text(name, per_ops, task))
-                write_shard(shard_path(out_dir, 'arith', name, index), tokens)
-                print(f"{name}: {len(tokens):,} tokens, {per_ops} examples per operator count")
-            write_json(task_path, task)
-    except OSError as e:  # a full disk, say: writing_data_set removed what it wrote
+        for name, per_ops, index in (('val', val_per_ops, 0), ('train', train_per_ops, 1)):
+            tokens = encode(split_text(name, per_ops, task))
+            write_shard(shard_path(aside, 'arith', name, index), tokens)
+            print(f"{name}: {len(tokens):,} tokens, {per_ops} examples per operator count")
+        write_json(os.path.join(aside, 'task.json'), task)
+        os.rename(aside, out_dir)
+    except OSError as e:  # a full disk, say
         fail(f"{e.filename}: {e.strerror}")
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)  # renamed: gone already
     print(f"wrote {out_dir} in {time.time() - t0:.0f}s; examples:\n{split_text('example', 1, task)}", end='')
     print(f"next: python train.py config/arith.py --data_dir={out_dir}")
 
@@ -247,7 +235,6 @@ def read_task(data_dir):
     if not os.path.isdir(data_dir):
         fail(f"the checkpoint's data_dir {data_dir} is not there: evaluation reads its task.json "
              "and shards")
-    or_fail(check_finished, data_dir)  # a set still being written has no task.json yet: say that
     task = read_json(path, 'task file', "the checkpoint was not trained on `python -m lab.arith --mode=prepare` data")
     # The same checks as main() makes of the keys that wrote it: an edited file fails here, not later.
     kinds = {'seed': int, 'modulus': int, 'min_ops': int, 'max_ops': int, 'cot': bool}

@@ -28,7 +28,6 @@ from configurator import configure, fail, or_fail
 from lab.gpu_check import cell, commit, ratio  # as in its report
 import kernels
 from lime import GPT, ROUTERS, GPTConfig
-from memory_limits import check_memory
 
 SHAPES = {  # name: (GPTConfig fields, batch size)
     'gpt2': (dict(n_layer=12, n_head=12, n_embd=768, block_size=1024), 32),
@@ -118,8 +117,6 @@ def measure(model_args, B, name):
     torch._dynamo.reset()  # each router compiles afresh, with nothing cached from the last
     model_config = or_fail(GPTConfig, router=router, hyper_connections=hc, **model_args)
     T = model_args['block_size']  # the step's float32 logits, at the least: B * T * vocabulary
-    check_memory(B * T * model_config.padded_vocab * 4, device,
-                 f"--batch_size={B}: a step's logits ({B} x {T} tokens x the vocabulary)")
     model = GPT(model_config).to(device)
     if fused:  # no self-check: lab.gpu_check's
         kernels.install(model, device)

@@ -61,7 +61,7 @@ from configurator import configure, fail, or_fail, read_text
 from lab import json_line
 from lime import load_model
 from prepare import EOT, gpt2_encoding, read_shard, shard_paths, token_bytes
-from safe_files import write_atomically
+from bookkeeping import write_whole
 
 # -----------------------------------------------------------------------------
 out_dir = 'out'  # the directory holding ckpt.pt
@@ -92,7 +92,7 @@ def download(url, path):
     try:
         os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
         with urllib.request.urlopen(url, timeout=60) as response:
-            write_atomically(path, lambda f: f.write(response.read()))
+            write_whole(path, lambda f: f.write(response.read()))
     except (OSError, ValueError) as e:  # urllib's URLError is an OSError
         fail(f"could not download {url} ({getattr(e, 'reason', None) or e}); without a network, fetch it "
              f"elsewhere and put it at {path}")

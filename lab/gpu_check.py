@@ -51,7 +51,7 @@ from kernels import memory
 from lab.plot import read_log
 from lime import GPT, DynamicRouter, GPTConfig, StaticRouter, last_line
 from prepare import shard_path, write_shard
-from safe_files import write_atomically
+from bookkeeping import write_whole
 
 # -----------------------------------------------------------------------------
 preset = 'config/gpt2.py'  # the model of the profile, training and train_py parts
@@ -660,7 +660,7 @@ def main():
                      f"({name}: {time.time() - part_started:.0f} s)"]
     text = '\n'.join(text + ['', f"(all: {time.time() - started:.0f} s of {minutes:g} minutes)"])
     print(text)
-    write_atomically(report, lambda f: f.write(text.encode('utf-8')))
+    write_whole(report, lambda f: f.write(text.encode('utf-8')))
     print(f"written to {report}", file=sys.stderr)
     if failed:
         fail(f"{', '.join(failed)}: a check failed, or a piece with an error (see the report)")

@@ -38,7 +38,7 @@ import torch
 
 from configurator import configure, fail
 from lab import read_json
-from safe_files import write_atomically
+from bookkeeping import write_whole
 
 try:
     import matplotlib
@@ -403,7 +403,7 @@ def save(fig, path, dpi=120, metadata=None):
     try:
         os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
         fig.tight_layout()
-        write_atomically(path, lambda f: fig.savefig(f, format=kind, dpi=dpi, metadata=metadata))
+        write_whole(path, lambda f: fig.savefig(f, format=kind, dpi=dpi, metadata=metadata))
     except OSError as e:
         fail(f"cannot write {path}: {e.strerror}")
     plt.close(fig)

@@ -21,7 +21,7 @@ import torch
 
 from configurator import configure, fail
 from lime import last_line
-from safe_files import write_json
+from bookkeeping import write_json
 
 # -----------------------------------------------------------------------------
 out_dir = 'out'  # the directory holding ckpt.pt

@@ -8,8 +8,9 @@ routers are compared at the rates tuning chose, over seeds, at two depths.
     python -m lab.text --stage=compare    # the chosen rates (`chosen`), seeds 1-4: none, static and
                                           # dynamic at 8 layers, none and static at 24 layers
     python -m lab.text --stage=report     # the tables and the figure of the runs that finished
-    python -m lab.text lab/text_depth.py --stage=all   # the depth experiment, every stage:
-                                          # tuned at 24 layers, both static starts, held-out seeds
+    python -m lab.text config/lab/text_depth.py --stage=all
+                                          # the depth experiment, every stage: tuned at 24
+                                          # layers, both static starts, held-out seeds
 
 --stage=all runs the grid, then the comparison. `chosen` is what the grid chose, set by whoever
 read its table (an empty one stops the comparison); an item may hold for one depth alone
@@ -45,7 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from configurator import configure, fail
 from lab import plot, read_json
-from safe_files import write_json
+from bookkeeping import write_json
 
 # -----------------------------------------------------------------------------
 stage = 'grid'  # 'grid', 'compare', 'all' (the two) or 'report' (see above)

@@ -207,11 +207,11 @@ CASES = [
          'truncated.jsonl.gz: could not read it (Compressed file ended'),
     case('prepare-not-gzip', 'prepare.py', '--input {files}/plain.jsonl.gz --out_dir {scratch}/p',
          'plain.jsonl.gz: could not read it (Not a gzipped file'),
-    case('prepare-out-dir-is-a-file', 'prepare.py', '--out_dir {files}/a_file', 'File exists'),
+    case('prepare-out-dir-is-a-file', 'prepare.py', '--out_dir {files}/a_file', 'a_file: Not a directory'),
     case('sample-prompt-not-utf8', 'sample.py', '--out_dir={run} --start=FILE:{files}/latin1.txt',
          'latin1.txt: not UTF-8'),
     case('arith-out-dir-under-a-file', 'lab/arith.py', '--out_dir={files}/a_file/arith',
-         'cannot write to out_dir'),
+         'a_file: File exists'),
     case('evaluate-task-not-found', 'lab/evaluate.py', '--out_dir={run} --task={files}/nothing.jsonl',
          'task file not found'),
     case('evaluate-task-line-not-json', 'lab/evaluate.py', '--out_dir={run} --task={files}/bad_json.jsonl',
@@ -232,11 +232,11 @@ CASES = [
     case('out-dir-is-a-file', 'train.py', '{tiny} --data_dir={data} --out_dir={files}/a_file',
          'cannot write to out_dir'),
     case('resume-foreign-checkpoint', 'train.py', '--out_dir={files}/foreign --init_from=resume --device=cpu',
-         'is not a checkpoint saved by train.py'),
+         'does not load into this lime.py'),
     case('sample-foreign-checkpoint', 'sample.py', '--out_dir={files}/foreign',
-         'is not a checkpoint saved by train.py'),
+         'does not load into this lime.py'),
     case('analyze-foreign-checkpoint', 'lab/analyze.py', '--out_dirs={files}/foreign --data_dir={data}',
-         'is not a checkpoint saved by train.py'),
+         'does not load into this lime.py'),
     case('arith-eval-of-a-text-model', 'lab/arith.py', '--mode=eval --ckpt_dir={run} --device=cpu',
          "not this task's 18"),
     # an earlier run: never lost to a repeated command, and resumed as it was saved
@@ -245,34 +245,20 @@ CASES = [
          alone=True),
     case('resume-contradicts-the-model', 'train.py',
          '--out_dir={run} --init_from=resume --device=cpu --block_size=64',
-         "--block_size=64 contradicts the checkpoint's 32"),
-    case('resume-flipped-bit', 'train.py',
-         '--out_dir={files}/flipped --init_from=resume --device=cpu', 'fails its checksum'),
-    case('evaluate-flipped-bit', 'lab/evaluate.py',
-         '--out_dir={files}/flipped --task= --data_dir={data}', 'fails its checksum'),
+         "--block_size=64 would make another run than the checkpoint's (block_size=32)"),
     case('resume-missing-weight', 'train.py', '--out_dir={files}/missing --init_from=resume '
          '--device=cpu', 'Missing key(s) in state_dict: "blocks.1.attn_norm.weight"'),
-    case('resume-with-a-log-edited-by-hand', 'train.py', '--out_dir={files}/badlog --init_from=resume '
-         '--device=cpu --max_iters=4', "log.txt is not train.py's log"),
-    *[case(f'resume-{name}-edited-by-hand', 'train.py', f'--out_dir={{files}}/{name} --init_from=resume '
-           '--device=cpu --max_iters=4', 'cannot resume from') for name in ('badopt', 'badrng', 'baddata')],
-    case('resume-saved-setting-out-of-range', 'train.py', '--out_dir={files}/zerointerval '
-         '--init_from=resume --device=cpu', "ckpt.pt: its saved eval_interval must be > 0, got 0"),
     case('resume-another-lime', 'train.py', '--out_dir={files}/newer --init_from=resume '
          '--device=cpu', "does not load into this lime.py: GPTConfig.__init__() got an "
          "unexpected keyword argument 'n_experts'"),
     case('resume-on-changed-data', 'train.py', '--out_dir={files}/moved --init_from=resume '
          '--device=cpu --max_iters=4 --data_dir={files}/changed', 'changed since the checkpoint'),
-    # a setting a resume would not use is refused, not noted as changed
+    # a setting that would make the resumed run another run is refused
     case('resume-with-a-new-seed', 'train.py', '--out_dir={run} --init_from=resume --device=cpu '
-         '--max_iters=4 --seed=7', "--seed=7 has no use on this resume: the weights and the random "
-         "state are the checkpoint's"),
+         '--max_iters=4 --seed=7', "--seed=7 would make another run than the checkpoint's"),
     case('resume-and-overwrite', 'train.py', '--out_dir={run} --init_from=resume --device=cpu '
          '--max_iters=4 --overwrite=True', '--overwrite=True replaces the run in out_dir, '
          '--init_from=resume continues it'),
-    case('resume-with-a-wandb-project-but-no-wandb', 'train.py', '--out_dir={run} --init_from=resume '
-         '--device=cpu --max_iters=4 --wandb_project=other',
-         "--wandb_project='other' has no use on this resume: wandb_log is False"),
     case('resume-with-a-task-that-cannot-be-scored', 'train.py',
          '--out_dir={run} --init_from=resume --device=cpu --max_iters=6 '
          '--mc_task={files}/empty_ending.jsonl --mc_interval=2',
@@ -288,10 +274,10 @@ CASES = [
     case('arith-eval-of-a-data-setting', 'lab/arith.py',
          '--mode=eval --ckpt_dir={run} --modulus=13', 'has no use for modulus'),
     case('prepare-into-another-data-set', 'prepare.py', '--out_dir {files}/short',
-         'holds other shards'),
+         'holds other files'),
     case('nan-before-any-checkpoint', 'train.py', '{tiny} --data_dir={data} --out_dir={scratch}/nan '
          '--learning_rate=1e30 --router_lr=1e30 --min_lr=0 --grad_clip=0 --max_iters=50',
-         'No checkpoint was saved before it', alone=True),
+         'No checkpoint was saved: start again', alone=True),
     # files in data_dir and out_dir, malformed
     case('train-tokenizer-json-cut-short', 'train.py',
          '{tiny} --data_dir={files}/cut_tokenizer --out_dir={scratch}/o',
@@ -312,24 +298,13 @@ CASES = [
     case('arith-eval-task-json-of-wrong-types', 'lab/arith.py',
          '--mode=eval --ckpt_dir={files}/arith_run --device=cpu',
          "arith_types/task.json is not the task.json that `python -m lab.arith --mode=prepare` writes"),
-    case('resume-log-step-not-a-number', 'train.py',
-         '--out_dir={files}/nullstep --init_from=resume --device=cpu --max_iters=4',
-         "log.txt is not train.py's log (a record's step is None)"),
-    case('resume-saved-setting-of-another-type', 'train.py',
-         '--out_dir={files}/badsetting --init_from=resume --device=cpu',
-         "ckpt.pt: its saved setting: learning_rate must be float (like 0.001), got '3e-3'"),
     case('gpu-check-preset-syntax', 'lab/gpu_check.py', '--preset={files}/syntax.py',
          'syntax.py:2: not a config file'),
     case('gpu-check-preset-not-a-literal', 'lab/gpu_check.py',
          '--preset={files}/expression_preset.py', 'expression_preset.py:1: config files hold'),
     case('gpu-check-unknown-part', 'lab/gpu_check.py', '--parts=self_check,speed',
          "parts: 'speed' is not one of self_check, gradients, training, profile, deep, tests"),
-    # sizes past this machine's memory: refused before anything is allocated, in one line (a
-    # script's own arrays in memory_limits.check_memory)
-    case('bench-huge-batch', 'lab/bench.py', '--device=cpu --shape=tiny --routers=none '
-         '--batch_size=1000000000', "--batch_size=1000000000: a step's logits"),
-    case('sample-huge-num-samples', 'sample.py', '--out_dir={run} --device=cpu '
-         '--num_samples=1000000000', '--num_samples=1000000000: their KV caches and logits take'),
+    # sizes no data holds: refused before anything is allocated, in one line
     case('analyze-more-sequences-than-places', 'lab/analyze.py',
          '--out_dirs={run} --data_dir={data} --batch_size=1000000000',
          '--batch_size=1000000000: more sequences than the'),
@@ -360,7 +335,7 @@ CASES = [
 # grad_clip, min_lr); tiny floats (1e-300: a learning_rate below min_lr is refused, a temperature
 # too, in words of its own); and huge values that fit in int64 and mean "longer" (max_iters,
 # eval_iters, gradient_accumulation_steps, max_new_tokens, steps, warmup, limit: they run as
-# long as asked; the data caps eval_iters and batch sizes, and memory the sizes above).
+# long as asked; the data caps eval_iters and batch sizes).
 NUMERIC_KEYS = {
     'train.py': (['eval_interval', 'eval_iters', 'log_interval', 'mc_examples', 'n_layer',
                   'n_head', 'n_embd', 'block_size', 'vocab_size', 'batch_size',
@@ -501,7 +476,7 @@ def test_a_second_run_into_a_busy_out_dir_is_refused(root, tmp_path):
                           cwd=tmp_path) as first:
         try:
             for line in first.stdout:
-                if line.startswith('model:'):  # out_dir is claimed before the model is built
+                if line.startswith('step 0/'):  # out_dir is held before the first evaluation
                     break
             second = run('train.py', *TINY, f'--data_dir={root / "data"}', f'--out_dir={out}',
                          '--overwrite=True', cwd=tmp_path)

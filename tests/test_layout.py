@@ -1,8 +1,8 @@
 """
 The reading path's limits, which hold for the project from now on: the top level is the card
 (lime.py, train.py, sample.py, prepare.py, test_lime.py) with the modules that serve it
-(configurator.py reads the settings, bookkeeping.py keeps a run's out_dir, memory_limits.py checks
-that a job fits, safe_files.py writes files whole, never through a link, under a lock); what a
+(configurator.py reads the settings, bookkeeping.py keeps a run safe: files written whole, one
+run per out_dir, stop signals that save); what a
 default run does not use lives in folders and is imported only when asked for; LIMe's mechanism
 reads in one place; the README is the way in, not the manual. Lines are not counted: clarity, not
 a budget, sets length.
@@ -13,7 +13,7 @@ import re
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CARD = ['lime.py', 'train.py', 'sample.py', 'prepare.py', 'test_lime.py',
-        'configurator.py', 'bookkeeping.py', 'memory_limits.py', 'safe_files.py']
+        'configurator.py', 'bookkeeping.py']
 FOLDERS = {p.name for p in ROOT.iterdir() if p.is_dir() and any(p.glob('*.py'))}
 
 
