@@ -41,7 +41,7 @@ SHAPES = {  # name: (GPTConfig fields, batch size)
 GPU_SHAPES = ['gpt2', 'paper_1b', 'paper_1b_gqa', 'deep']  # what --shape=all runs
 # -----------------------------------------------------------------------------
 shape = 'gpt2'  # one of SHAPES, or 'all' for every GPU shape; on a CPU the default becomes 'tiny'
-routers = 'none,static,dynamic'  # '-fused': kernels/memory.py's mix; 'hc', '-hc': hyper-connections
+routers = 'none,static,dynamic'  # '-v1': memory='hidden'; '-fused': memory.py's mix; '-hc': HC
 hyper_connections = 4  # streams of the HC rows (the paper's rate)
 batch_size = 0  # 0 means the shape's own
 steps = 20  # timed steps per router
@@ -70,22 +70,24 @@ if shape == 'all' and device_type == 'cpu':
 
 
 def parse_row(name):
-    """(router, hyper_connections, memory.py's mix?) for a row name: a router, or 'hc' for the
-    plain model with hyper-connections; then '-hc' to add them to a router; then '-fused' (LIMe
-    routers only)."""
+    """(router, hyper_connections, memory.py's mix?, memory) for a row name: a router, or 'hc'
+    for the plain model with hyper-connections; then '-hc' to add them to a router, or '-v1' for
+    the paper's v1 routers (memory='hidden'); then '-fused' (v2's LIMe routers only)."""
     base = name.removesuffix('-fused')
     with_hc = base == 'hc' or base.endswith('-hc')
-    router = 'none' if base == 'hc' else base.removesuffix('-hc')
-    return router, hyper_connections if with_hc else 0, base != name
+    memory = 'hidden' if base.endswith('-v1') else 'kv'
+    router = 'none' if base == 'hc' else base.removesuffix('-hc').removesuffix('-v1')
+    return router, hyper_connections if with_hc else 0, base != name, memory
 
 
 # the baseline first: the ratios need it
 router_list = sorted(routers.split(','), key=lambda r: r != 'none')
 for name in router_list:
-    router, _, fused = parse_row(name)
-    if router not in ROUTERS or (fused and router == 'none') or name.startswith('none-'):
+    router, _, fused, memory = parse_row(name)
+    if (router not in ROUTERS or (fused and (router == 'none' or memory != 'kv'))
+            or name.startswith('none-')):
         fail(f"routers: {name!r} is not one of {', '.join(ROUTERS)}, hc (or static-fused, "
-             "dynamic-fused, static-hc, dynamic-hc, static-hc-fused, ...)")
+             "dynamic-fused, static-v1, dynamic-v1, static-hc, dynamic-hc, static-hc-fused, ...)")
 repeated = sorted({name for name in router_list if router_list.count(name) > 1})
 if repeated:  # a second row of the same router is a second timing of it, not a comparison
     fail(f"routers: {', '.join(map(repr, repeated))} named more than once")
@@ -113,9 +115,10 @@ def measure(model_args, B, name):
     """Median step time (s), first-step time beyond it (s, compilation) and peak memory (bytes,
     CUDA only) for one router."""
     torch.manual_seed(0)
-    router, hc, fused = parse_row(name)
+    router, hc, fused, memory = parse_row(name)
     torch._dynamo.reset()  # each router compiles afresh, with nothing cached from the last
-    model_config = or_fail(GPTConfig, router=router, hyper_connections=hc, **model_args)
+    model_config = or_fail(GPTConfig, router=router, memory=memory, hyper_connections=hc,
+                           **model_args)
     T = model_args['block_size']  # the step's float32 logits, at the least: B * T * vocabulary
     model = GPT(model_config).to(device)
     if fused:  # no self-check: lab.gpu_check's
@@ -165,6 +168,8 @@ for shape_name in shapes:
             base = (dt, compile_s, peak)
         tok_s = B * T / dt
         floor_ms = routing_bytes(model, B, T, 2 if dtype == 'bfloat16' else 4) / bandwidth * 1000
+        if model.config.memory == 'hidden':
+            floor_ms = None  # routing_bytes counts v2's traffic of keys and values, not v1's
         routing_ms = (dt - base[0]) * 1000 if base else None
         print(f"| {shape_name} | {name} | {model.num_params() / 1e6:.1f}M | {dt * 1000:.1f} | "
               f"{tok_s:,.0f} | {cell(ratio(base and base[0], dt), '.3f')} | "
@@ -172,7 +177,7 @@ for shape_name in shapes:
               f"{cell(peak and peak / 2**30, '.2f')} | "
               f"{cell(ratio(peak, base and base[2]), '.3f')} | "
               f"{cell(compile_s, '.1f')} | {cell(ratio(compile_s, base and base[1]), '.2f')} | "
-              f"{cell(routing_ms, '.1f')} | {floor_ms:.1f} |", flush=True)
+              f"{cell(routing_ms, '.1f')} | {cell(floor_ms, '.1f')} |", flush=True)
         del model
         if device_type == 'cuda':
             torch.cuda.empty_cache()
