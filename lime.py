@@ -150,7 +150,8 @@ class StaticRouter(nn.Module):
 
 
 class DynamicRouter(nn.Module):
-    """LIMe's dynamic router (paper v1): each token picks, per kv head, a softmax distribution
+    """A dynamic router over paper v2's memory (this repo's design: the paper's v1 dynamic router
+    is HiddenDynamicRouter): each token picks, per kv head, a softmax distribution
     over the source layers 0..l, computed from the layer's normed input h, and reads the same
     head of each source layer:
         a[t, g, :] = softmax((h_t Wr)[g, :]),    kv~[t, g] = sum_m a[t, g, m] * kv_m[t, g]"""
