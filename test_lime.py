@@ -104,16 +104,24 @@ def test_cached_greedy_generation_equals_full_recompute(router, n_kv_head):
     assert torch.equal(model.generate(prompt, steps, top_k=1), expected)
 
 
+def loss_and_last_router_grads(model, idx=None):
+    """(the training loss on idx, the gradient of the last router's output with respect to each
+    memory entry it read), one forward pass; the loss's graph is kept for a backward after."""
+    idx = torch.randint(0, 101, (2, 16)) if idx is None else idx
+    seen = {}
+    hook = model.routers()[-1].register_forward_hook(
+        lambda r, args, out: seen.update(memory=args[1], out=out))
+    _, loss = model(idx, idx)
+    hook.remove()
+    grads = torch.autograd.grad(seen['out'].square().sum(), seen['memory'], retain_graph=True)
+    return loss, grads
+
+
 @pytest.mark.parametrize('router', ['static', 'dynamic'])
 def test_gradients_reach_routers_and_every_earlier_layers_kv(router):
     model = tiny_model(router=router, n_kv_head=2)
-    last = model.routers()[-1]
-    seen = {}
-    last.register_forward_hook(lambda r, args, out: seen.update(memory=args[1], out=out))
-    idx = torch.randint(0, 101, (2, 16))
-    _, loss = model(idx, idx)
     # The last layer's routed keys/values depend directly on every layer's raw keys/values.
-    grads = torch.autograd.grad(seen['out'].square().sum(), seen['memory'], retain_graph=True)
+    loss, grads = loss_and_last_router_grads(model)
     for m, g in enumerate(grads):
         assert g.abs().sum() > 0, f"no gradient from the last router to layer {m}'s keys/values"
     loss.backward()
@@ -281,12 +289,9 @@ def test_v1_future_tokens_do_not_leak_and_the_cache_equals_recomputation(router,
 @pytest.mark.parametrize('router, top_p', V1)
 def test_v1_every_source_and_parameter_gets_a_gradient_and_top_p_trains(router, top_p):
     model = v1_model(router, top_p, n_kv_head=2).train()
-    last = model.routers()[-1]
-    seen = {}
-    last.register_forward_hook(lambda r, args, out: seen.update(memory=args[1], out=out))
     idx = torch.randint(0, 101, (2, 16))
-    _, loss = model(idx, idx)
-    grads = torch.autograd.grad(seen['out'].square().sum(), seen['memory'], retain_graph=True)
+    loss, grads = loss_and_last_router_grads(model, idx)
+    last = model.routers()[-1]
     kept = last.mix_weights().sum(0) > 0 if top_p < 1 else [True] * len(grads)  # top-p prunes
     for m, (g, read) in enumerate(zip(grads, kept)):
         assert (g.abs().sum() > 0) == read, f"layer {m}'s state: {'no' if read else 'a'} gradient"
