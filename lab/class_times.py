@@ -29,16 +29,16 @@ PARTS = ('handout', 'walkthrough', 'notebook', 'check', 'ablation', 'demo')
 # The page's times (docs/teaching.md, "What runs, and how long it takes"): CPU time, which a quiet
 # machine shows on the clock. tests/test_class_times.py holds the page to them.
 PAGE = {
-    "the student's copy (lab.handout)": '2.2 s',
+    "the student's copy (lab.handout)": '1.5 s',
     'walkthrough, every section but 9': '0.1 s',
-    'walkthrough, section 9 (two trainings, heatmaps)': '4.5 s',
-    "the student's notebook, Run All": '8.4 s',
-    'the check, untouched': '4.6 s',
-    'the check, all six right': '5.9 s',
+    'walkthrough, section 9 (two trainings, heatmaps)': '4.0 s',
+    "the student's notebook, Run All": '8.1 s',
+    'the check, untouched': '4.0 s',
+    'the check, all six right': '5.0 s',
     'exercise 6: making data/pydoc_bytes, once': '',
-    'exercise 6: one training run': '80.5 s',
-    'exercise 6 as handed out: 9 runs': 'about 12.1 min',
-    'the demonstration (lab.demo)': 'about 5.8 min',
+    'exercise 6: one training run': '63.8 s',
+    'exercise 6 as handed out: 9 runs': 'about 9.6 min',
+    'the demonstration (lab.demo)': '5.1 min',
 }
 NOTEBOOK_PACKAGES = ('nbformat', 'nbclient', 'ipykernel')
 DEMO_STEPS = 300  # a tenth of config/arith_demo.py's 3,000 steps
