@@ -270,7 +270,7 @@ def memory_dtype(memory):
 # The self-check: what no CPU test can show (a GPU's arithmetic, the installed torch), checked on
 # the user's GPU at the run's shape before a run trusts this module (kernels.install). The mix
 # is never compiled (a graph break), so its eager run here, under the run's autocast, is the code
-# a run runs; it cannot see the compiled pieces around it (lab/gpu_check.py compares those).
+# a run runs; it cannot see the compiled pieces around it (lab/bench.py times those).
 
 def self_check(G, hs, dtype, device):
     """None if both mixes give on device what the plain definition gives in float32 on the CPU,

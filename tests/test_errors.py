@@ -298,12 +298,6 @@ CASES = [
     case('arith-eval-task-json-of-wrong-types', 'lab/arith.py',
          '--mode=eval --ckpt_dir={files}/arith_run --device=cpu',
          "arith_types/task.json is not the task.json that `python -m lab.arith --mode=prepare` writes"),
-    case('gpu-check-preset-syntax', 'lab/gpu_check.py', '--preset={files}/syntax.py',
-         'syntax.py:2: not a config file'),
-    case('gpu-check-preset-not-a-literal', 'lab/gpu_check.py',
-         '--preset={files}/expression_preset.py', 'expression_preset.py:1: config files hold'),
-    case('gpu-check-unknown-part', 'lab/gpu_check.py', '--parts=self_check,speed',
-         "parts: 'speed' is not one of self_check, gradients, training, profile, deep, tests"),
     # sizes no data holds: refused before anything is allocated, in one line
     case('analyze-more-sequences-than-places', 'lab/analyze.py',
          '--out_dirs={run} --data_dir={data} --batch_size=1000000000',
@@ -350,9 +344,8 @@ NUMERIC_KEYS = {
     'lab/arith.py': (['modulus', 'min_ops', 'max_ops', 'train_per_ops', 'val_per_ops',
                       'eval_per_ops', 'eval_batch'], ['seed'], [], []),
     'lab/bench.py': (['hyper_connections', 'steps', 'warmup'], ['batch_size'],
-                     ['peak_flops', 'bandwidth'], []),
+                     ['peak_flops', 'bandwidth', 'minutes'], []),
     'lab/plot.py': (['n_ops'], [], [], []),
-    'lab/gpu_check.py': (['steps', 'deep_steps'], [], ['minutes'], []),
     'lab/table1.py': (['batch_size'], ['num_fewshot', 'limit', 'seed'], [], []),
 }
 
