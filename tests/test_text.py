@@ -44,39 +44,50 @@ def text(*args):
                           text=True, cwd=ROOT, timeout=600)
 
 
-def test_grid_then_comparison_then_resume(setup):
+def test_grid_then_comparison_with_held_out_seeds_then_resume(setup):
+    # One set of tiny runs for every stage: each router tuned, the static router from both
+    # starts; compared at rates and a start chosen for one depth alone, a seed held out.
     tmp, common = setup
     runs = tmp / 'runs' / 'grid'
-    grid = text('--stage=grid', *common, '--grid_layers=1', '--grid_lrs=1e-3,3e-3',
-                '--grid_router_x=1')
+    grid_keys = ['--grid_layers=1', '--grid_lrs=3e-3', '--grid_router_x=1',
+                 '--grid_inits=noisy,identity']
+    grid = text('--stage=grid', *common, *grid_keys)
     assert grid.returncode == 0, grid.stdout + grid.stderr
-    assert '0 of 6 runs finished; running 6' in grid.stdout
+    assert '0 of 4 runs finished; running 4' in grid.stdout
     lines = grid.stdout.splitlines()
-    assert '| router | router_lr | lr 0.001 | lr 0.003 |' in lines
-    for router in ('none', 'static', 'dynamic'):
-        name = f'L1_{router}_lr0.003' + ('' if router == 'none' else '_x1') + '_s1'
+    assert '| router | router_lr | lr 0.003 |' in lines
+    assert '| static (identity) | 1x |' in grid.stdout
+    for router, init in (('none', ''), ('static', ''), ('static', 'identity'), ('dynamic', '')):
+        name = f'L1_{router}_lr0.003' + ('' if router == 'none' else '_x1') + (
+            f'_{init}' if init else '') + '_s1'
         record = json.loads((runs / name / 'final.json').read_text())
         header = json.loads((runs / name / 'log.txt').read_text().splitlines()[0])['config']
         # what the name says is what trained, and the score is of the last step
         assert (header['n_layer'], header['router'], header['learning_rate']) == (1, router, 3e-3)
+        assert router != 'static' or header['router_init'] == (init or 'noisy')
         assert header['min_lr'] == pytest.approx(3e-4) and header['max_iters'] == 2
         assert record['step'] == 2 and record['bpb'] > 0 and record['seed'] == 1
         assert any(line.startswith(f"best {router}: lr ") for line in lines), grid.stdout
+    bpb = {name: json.loads((runs / name / 'final.json').read_text())['bpb'] for name in
+           ('L1_static_lr0.003_x1_s1', 'L1_static_lr0.003_x1_identity_s1')}
+    start = ':identity' if bpb['L1_static_lr0.003_x1_identity_s1'] < bpb[
+        'L1_static_lr0.003_x1_s1'] else ''
+    assert f'1/static:0.003:1{start}' in grid.stdout, grid.stdout
 
-    # The comparison at the rates chosen, longer than the grid's runs
+    # The comparison, longer than the grid's runs; the held-out seed runs last, reported apart
     runs = tmp / 'runs' / 'compare'
-    chosen = '--chosen=none:1e-3:0,static:3e-3:1,dynamic:1e-3:1'
-    compare = text('--stage=compare', *common, chosen, '--depths=1,2', '--seeds=1,2')
+    keys = ['--chosen=none:1e-3:0,static:3e-3:1,2/static:3e-3:1:identity', '--depths=2,1',
+            '--seeds=1', '--heldout_seeds=2']
+    compare = text('--stage=compare', *common, *keys)
     assert compare.returncode == 0, compare.stdout + compare.stderr
-    assert '0 of 10 runs finished; running 10' in compare.stdout, compare.stdout
+    assert '0 of 8 runs finished; running 8' in compare.stdout, compare.stdout
     assert json.loads((runs / 'L1_none_lr0.001_s2' / 'final.json').read_text())['step'] == 3
     out = compare.stdout
     assert '1 layers: final bits per byte on the whole validation split' in out
-    assert '| seed | none | static |' in out  # 2 layers: deep_routers only
-    for depth, router in ((1, 'static'), (1, 'dynamic'), (2, 'static')):
-        assert f"{depth} layers, {router} - none, seed by seed: " in out, out
-    pair = [line for line in out.splitlines() if line.startswith('2 layers, static - none')][0]
-    finals = {s: {r: json.loads((runs / f"L2_{r}_lr{lr}{x}_s{s}" / 'final.json').read_text())['bpb']
+    assert '| seed | none | static (identity) |' in out and '| 2 (held out) |' in out
+    assert '2 layers, held out, static (identity) - none, seed by seed: ' in out
+    pair = [line for line in out.splitlines() if line.startswith('1 layers, all, static - none')][0]
+    finals = {s: {r: json.loads((runs / f"L1_{r}_lr{lr}{x}_s{s}" / 'final.json').read_text())['bpb']
                   for r, lr, x in (('none', '0.001', ''), ('static', '0.003', '_x1'))}
               for s in (1, 2)}
     for s in (1, 2):  # the paired differences are these runs' own
@@ -85,59 +96,20 @@ def test_grid_then_comparison_then_resume(setup):
         assert (runs / 'curves_L1.png').stat().st_size > 0 and (runs / 'curves_L2.png').exists()
 
     # A run killed after its checkpoint: resumed, not started again, then scored.
-    (runs / 'L2_static_lr0.003_x1_s2' / 'final.json').unlink()
-    again = text('--stage=compare', *common, chosen, '--depths=1,2', '--seeds=1,2')
-    assert again.returncode == 0 and '9 of 10 runs finished; running 1' in again.stdout, again.stdout
-    output = (runs / 'output' / 'L2_static_lr0.003_x1_s2.txt').read_text()
+    (runs / 'L2_static_lr0.003_x1_identity_s2' / 'final.json').unlink()
+    again = text('--stage=compare', *common, *keys)
+    assert again.returncode == 0 and '7 of 8 runs finished; running 1' in again.stdout, again.stdout
+    output = (runs / 'output' / 'L2_static_lr0.003_x1_identity_s2.txt').read_text()
     assert 'nothing to train' in output
-    report = text('--stage=report', *common, chosen, '--depths=1,2', '--seeds=1,2',
-                  '--grid_layers=1', '--grid_lrs=1e-3,3e-3', '--grid_router_x=1')
+    report = text('--stage=report', *common, *keys, *grid_keys)
     assert report.returncode == 0, report.stderr
-    assert '## grid: 6 of 6 runs finished' in report.stdout
-    assert '## compare: 10 of 10 runs finished' in report.stdout
+    assert '## grid: 4 of 4 runs finished' in report.stdout
+    assert '## compare: 8 of 8 runs finished' in report.stdout
 
     # Runs of other settings are never mixed into a set.
-    other = text('--stage=compare', *common, '--steps=4', chosen, '--depths=1,2', '--seeds=1,2')
+    other = text('--stage=compare', *common, '--steps=4', *keys)
     assert other.returncode == 1 and 'steps 3, not 4' in other.stderr, other.stderr
     assert 'give another --out' in other.stderr
-
-
-def test_both_static_starts_tuned_then_compared_per_depth_with_held_out_seeds(setup):
-    tmp, common = setup
-    out = [f'--out={tmp / "starts"}']
-    grid = text('--stage=grid', *common, *out, '--grid_layers=1', '--grid_lrs=3e-3',
-                '--grid_router_x=1', '--grid_routers=none,static', '--grid_inits=noisy,identity')
-    assert grid.returncode == 0 and '0 of 3 runs finished' in grid.stdout, grid.stdout + grid.stderr
-    runs = tmp / 'starts' / 'grid'
-    header = json.loads((runs / 'L1_static_lr0.003_x1_identity_s1' / 'log.txt').read_text()
-                        .splitlines()[0])['config']
-    assert (header['router'], header['router_init']) == ('static', 'identity')
-    assert '| static (identity) | 1x |' in grid.stdout
-    assert 'best static (identity): lr 0.003, router_lr 1x' in grid.stdout
-    records = {name: json.loads((runs / name / 'final.json').read_text())['bpb'] for name in
-               ('L1_static_lr0.003_x1_s1', 'L1_static_lr0.003_x1_identity_s1')}
-    start = ':identity' if records['L1_static_lr0.003_x1_identity_s1'] < records[
-        'L1_static_lr0.003_x1_s1'] else ''
-    assert f'as chosen: 1/none:0.003:0,1/static:0.003:1{start}' in grid.stdout, grid.stdout
-
-    # A start and rates for one depth alone; the held-out seeds run last and are reported apart.
-    chosen = '--chosen=none:1e-3:0,static:1e-3:1,2/static:3e-3:1:identity'
-    compare = text('--stage=all', *common, *out, chosen, '--depths=2,1', '--seeds=1',
-                   '--heldout_seeds=2', '--grid_layers=1', '--grid_lrs=3e-3', '--grid_router_x=1',
-                   '--grid_routers=none,static', '--grid_inits=noisy,identity')
-    assert compare.returncode == 0, compare.stdout + compare.stderr
-    assert '3 of 3 runs finished; running 0' in compare.stdout  # the grid's, kept
-    runs = tmp / 'starts' / 'compare'
-    names = ['L2_none_lr0.001', 'L2_static_lr0.003_x1_identity', 'L1_none_lr0.001',
-             'L1_static_lr0.001_x1']
-    for name in names:
-        for seed in (1, 2):
-            assert (runs / f'{name}_s{seed}' / 'final.json').exists(), name
-    out = compare.stdout
-    assert '| seed | none | static (identity) |' in out and '| 2 (held out) |' in out
-    assert '2 layers, static (identity) - none, seed by seed: ' in out
-    assert '2 layers, held out, static (identity) - none, seed by seed: ' in out
-    assert '1 layers, all, static - none, seed by seed: ' in out
 
 
 def test_held_out_seeds_run_after_every_other_run(monkeypatch):
