@@ -18,13 +18,20 @@ TINY = ['--n_layer=2', '--batch_size=2', '--max_iters=4', '--eval_interval=2', '
         '--warmup_iters=2']
 
 
+def without_matplotlib(tmp_path, env):
+    """env with `import matplotlib` failing in every python the script starts."""
+    blocked = tmp_path / 'blocked' / 'matplotlib'
+    blocked.mkdir(parents=True)
+    (blocked / '__init__.py').write_text("raise ImportError('matplotlib is blocked here')\n")
+    return {**env, 'PYTHONPATH': os.pathsep.join(filter(None, [str(blocked.parent),
+                                                               env.get('PYTHONPATH')]))}
+
+
 @pytest.mark.skipif(shutil.which('bash') is None, reason='lab/laptop.sh is a bash script')
-@pytest.mark.skipif(importlib.util.find_spec('matplotlib') is None,
-                    reason='lab/laptop.sh draws a figure: matplotlib is not installed')
-def test_laptop_command_trains_scores_and_tabulates(tmp_path):
+def test_laptop_command_trains_scores_tabulates_and_keeps_its_runs(tmp_path):
     # The script's `python` is the one running the tests (with its packages), not another on PATH.
     path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get('PATH', '')
-    env = {**os.environ, 'PATH': path, 'SEEDS': '1', 'ROUTERS': 'none static', 'JOBS': '1',
+    env = {**os.environ, 'PATH': path, 'SEEDS': '1', 'ROUTERS': 'none static', 'JOBS': '2',
            'OUT': str(tmp_path / 'runs'),
            'DATA': str(tmp_path / 'arith'), 'PREPARE_ARGS': '--train_per_ops=100 --val_per_ops=60 --max_ops=2',
            'EVAL_ARGS': '--eval_per_ops=10'}
@@ -38,35 +45,17 @@ def test_laptop_command_trains_scores_and_tabulates(tmp_path):
         assert set(times) == {'train_wall_s', 'train_cpu_s'} and times['train_wall_s'] > 0
     assert 'held-out exact match at 2 operators' in result.stdout
     assert 'static beats none in' in result.stdout and 'of 1 seed pairs' in result.stdout
-    assert (tmp_path / 'runs' / 'arith_accuracy.png').stat().st_size > 0
-    # Run again: every finished run is kept, not trained again.
-    again = subprocess.run(['bash', 'lab/laptop.sh', *TINY], capture_output=True, text=True, cwd=ROOT,
-                           env=env, timeout=120)
+    figure = tmp_path / 'runs' / 'arith_accuracy.png'
+    assert figure.exists() == (importlib.util.find_spec('matplotlib') is not None)
+    # Run again without matplotlib: every finished run is kept, not trained again, and the
+    # tables print without the figure.
+    figure.unlink(missing_ok=True)
+    again = subprocess.run(['bash', 'lab/laptop.sh', *TINY], capture_output=True, text=True,
+                           cwd=ROOT, env=without_matplotlib(tmp_path, env), timeout=120)
     assert again.returncode == 0, again.stdout + again.stderr
     assert again.stdout.count('kept: ') == 2 and 'start: ' not in again.stdout
-
-
-def without_matplotlib(tmp_path, env):
-    """env with `import matplotlib` failing in every python the script starts."""
-    blocked = tmp_path / 'blocked' / 'matplotlib'
-    blocked.mkdir(parents=True)
-    (blocked / '__init__.py').write_text("raise ImportError('matplotlib is blocked here')\n")
-    return {**env, 'PYTHONPATH': os.pathsep.join(filter(None, [str(blocked.parent),
-                                                               env.get('PYTHONPATH')]))}
-
-
-@pytest.mark.skipif(shutil.which('bash') is None, reason='lab/laptop.sh is a bash script')
-def test_laptop_command_prints_its_tables_without_matplotlib(tmp_path):
-    path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get('PATH', '')
-    env = {**os.environ, 'PATH': path, 'SEEDS': '1', 'ROUTERS': 'none static', 'JOBS': '2',
-           'OUT': str(tmp_path / 'runs'), 'DATA': str(tmp_path / 'arith'),
-           'PREPARE_ARGS': '--train_per_ops=100 --val_per_ops=60 --max_ops=2',
-           'EVAL_ARGS': '--eval_per_ops=10'}
-    result = subprocess.run(['bash', 'lab/laptop.sh', *TINY], capture_output=True, text=True,
-                            cwd=ROOT, env=without_matplotlib(tmp_path, env), timeout=120)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert 'held-out exact match at 2 operators' in result.stdout
-    assert 'static beats none in' in result.stdout and 'of 1 seed pairs' in result.stdout
-    assert result.stdout.strip().splitlines()[-1] == (
+    assert 'held-out exact match at 2 operators' in again.stdout
+    assert 'static beats none in' in again.stdout and 'of 1 seed pairs' in again.stdout
+    assert again.stdout.strip().splitlines()[-1] == (
         "no figure: matplotlib is not installed (pip install matplotlib); the tables above stand")
-    assert not (tmp_path / 'runs' / 'arith_accuracy.png').exists()
+    assert not figure.exists()
