@@ -22,20 +22,11 @@ import prepare
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: scripts run from there
 TINY = ['--device=cpu', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4',
         '--gradient_accumulation_steps=1', '--eval_iters=2', '--log_interval=1', '--warmup_iters=2',
-        '--learning_rate=3e-3', '--router_lr=3e-2', '--min_lr=3e-4', '--vocab_size=257']
+        '--learning_rate=3e-3', '--router_lr=3e-2', '--min_lr=3e-4']
 
 
 @pytest.fixture(scope='module')
-def data_dir(tmp_path_factory):
-    # The Python docs at byte level: no tokenizer files to fetch, and a 257-token vocabulary
-    # keeps each step and checkpoint small. GPT-2's tokens have tests of their own (gpt2_data).
-    out = tmp_path_factory.mktemp('data') / 'pydoc'
-    prepare.main(['--out_dir', str(out), '--tokenizer', 'bytes', '--workers', '2'])
-    return str(out)
-
-
-@pytest.fixture(scope='module')
-def gpt2_data_dir(tmp_path_factory, gpt2):  # skips offline without GPT-2's files (conftest.py)
+def data_dir(tmp_path_factory, gpt2):  # GPT-2 tokens: skips offline without its files (conftest.py)
     out = tmp_path_factory.mktemp('data') / 'pydoc'
     prepare.main(['--out_dir', str(out), '--workers', '2'])
     return str(out)
@@ -377,13 +368,11 @@ def test_wandb_is_not_imported_unless_asked_for_and_its_failures_are_one_line(da
     assert not (tmp_path / 'never').exists()
 
 
-def test_data_pydoc_is_prepared_by_train_py_when_missing_and_kept_after(gpt2_data_dir, tmp_path):
+def test_data_pydoc_is_prepared_by_train_py_when_missing_and_kept_after(data_dir, tmp_path):
     # A fresh clone: no data/pydoc. train.py makes the embedded data set there, as prepare.py
-    # does (GPT-2's tokens), saying so, and trains.
-    data_dir = gpt2_data_dir
+    # does, saying so, and trains.
     pydoc = tmp_path / 'data' / 'pydoc'
-    result = train('data/pydoc', 'out', '--max_iters=1', '--eval_interval=1', '--vocab_size=50304',
-                   cwd=tmp_path)
+    result = train('data/pydoc', 'out', '--max_iters=1', '--eval_interval=1', cwd=tmp_path)
     assert "data/pydoc holds no data set: preparing Python's docs there" in result.stdout
     assert 'next:' not in result.stdout and (tmp_path / 'out' / 'ckpt.pt').exists()
     made = sorted(p.name for p in pydoc.iterdir())
@@ -391,5 +380,5 @@ def test_data_pydoc_is_prepared_by_train_py_when_missing_and_kept_after(gpt2_dat
     for name in made:  # the same shards as prepare.py's
         assert (pydoc / name).read_bytes() == open(os.path.join(data_dir, name), 'rb').read(), name
     again = train('data/pydoc', 'out', '--max_iters=1', '--eval_interval=1', '--overwrite=True',
-                  '--vocab_size=50304', cwd=tmp_path)
+                  cwd=tmp_path)
     assert 'preparing' not in again.stdout
