@@ -6,6 +6,13 @@ lacks them (a newcomer offline), the tests that need them skip, saying why, and 
 a test, or its fixture, asks for the fixture `gpt2`.
 
     python -m pytest -q -rs    # -rs lists each skipped test with its reason
+
+.ci/run runs the suite twice at once, and LIME_TESTS says which half a run is: 'bare' (only
+requirements.txt, no tokenizer files) runs every test, as a newcomer would; 'optional' (every
+optional package, the tokenizer files) runs only what the bare half cannot: the tests that ask for
+`gpt2` or carry the mark `optional` (a test that skips, or checks other things, without an optional
+package). So that no test is left out of both, a test that skips in the bare half without being
+one of those, or skips at all in the optional half, fails that half.
 """
 import collections
 import hashlib
@@ -25,6 +32,7 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 # The two files of tiktoken's "gpt2" encoding (tiktoken_ext/openai_public.py). tiktoken/load.py
 # caches each under the SHA-1 of its URL, in TIKTOKEN_CACHE_DIR, else DATA_GYM_CACHE_DIR, else
 # data-gym-cache in the temporary directory; an empty TIKTOKEN_CACHE_DIR caches nothing.
+OPTIONAL = pytest.StashKey()  # the node ids of the tests the optional half runs
 GPT2_URLS = ['https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe',
              'https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json']
 
@@ -51,6 +59,40 @@ def gpt2():
         pytest.skip(why)
     import prepare
     return prepare.gpt2_encoding()
+
+
+def needs_optional(item):
+    """Whether the optional half runs item: it needs GPT-2's files or carries the mark."""
+    return 'gpt2' in item.fixturenames or item.get_closest_marker('optional') is not None
+
+
+def pytest_configure(config):
+    config.addinivalue_line('markers', 'optional: skips or checks other things without an '
+                            "optional package (run in .ci/run's optional half too)")
+
+
+def pytest_collection_modifyitems(config, items):
+    half = os.environ.get('LIME_TESTS')
+    config.stash[OPTIONAL] = {item.nodeid for item in items if needs_optional(item)}
+    if half == 'optional':
+        config.hook.pytest_deselected(items=[i for i in items if not needs_optional(i)])
+        items[:] = [item for item in items if needs_optional(item)]
+
+
+def pytest_sessionfinish(session):
+    """In a half of .ci/run, a skip that leaves its test run in neither half fails the run."""
+    half = os.environ.get('LIME_TESTS')
+    reporter = session.config.pluginmanager.get_plugin('terminalreporter')
+    if half not in ('bare', 'optional') or reporter is None:
+        return
+    optional = session.config.stash.get(OPTIONAL, set())
+    lost = [report.nodeid for report in reporter.stats.get('skipped', [])
+            if half == 'optional' or report.nodeid not in optional]
+    for nodeid in lost:
+        reporter.write_line(f"{nodeid} skipped in the {half} half, and the other half does not "
+                            "run it: mark it optional, or make it run here")
+    if lost:
+        session.exitstatus = 1
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -217,6 +217,7 @@ def test_script_prints_routing_retrieval_and_entropy_tables_without_matplotlib(c
     assert not (tmp_path / 'figures').exists()
 
 
+@pytest.mark.optional
 @pytest.mark.skipif(importlib.util.find_spec('matplotlib') is None, reason='matplotlib is not installed')
 def test_script_writes_the_figures_with_matplotlib(checkpoints, tmp_path):
     stdout = run_analyze(checkpoints, tmp_path)

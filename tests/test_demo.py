@@ -32,6 +32,7 @@ def demo(*args, env=None):
                           capture_output=True, text=True, timeout=300, env=env)
 
 
+@pytest.mark.optional  # the figure too, where matplotlib is installed
 def test_demo_trains_both_side_by_side_and_prints_their_losses(arith, tmp_path):
     result = demo(f'--data_dir={arith}', f'--out_dir={tmp_path}')
     assert result.returncode == 0, result.stdout + result.stderr

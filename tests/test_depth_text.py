@@ -19,6 +19,7 @@ TINY = ['--n_embd=32', '--n_head=2', '--block_size=32', '--batch_size=2', '--max
         '--eval_interval=2', '--eval_iters=1', '--log_interval=1', '--warmup_iters=1']
 
 
+@pytest.mark.optional  # the figure too, where matplotlib is installed
 @pytest.mark.skipif(shutil.which('bash') is None, reason='lab/depth_text.sh is a bash script')
 def test_depth_command_trains_every_depth_router_and_seed_tabulates_and_keeps_its_runs(tmp_path):
     text = tmp_path / 'docs.txt'

@@ -27,6 +27,7 @@ def without_matplotlib(tmp_path, env):
                                                                env.get('PYTHONPATH')]))}
 
 
+@pytest.mark.optional  # the figure too, where matplotlib is installed
 @pytest.mark.skipif(shutil.which('bash') is None, reason='lab/laptop.sh is a bash script')
 def test_laptop_command_trains_scores_tabulates_and_keeps_its_runs(tmp_path):
     # The script's `python` is the one running the tests (with its packages), not another on PATH.

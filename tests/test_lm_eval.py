@@ -191,6 +191,7 @@ def harness_run(model, task, shots, task_manager, **kwargs):
     return sorted(results['samples'][task], key=lambda s: s['doc_id']), results
 
 
+@pytest.mark.optional
 @needs_lm_eval
 @pytest.mark.parametrize('shots', [0, 1])
 def test_evaluate_harness_protocol_is_the_harness_hellaswag(setup, task_manager, shots):
@@ -229,6 +230,7 @@ def test_evaluate_harness_protocol_is_the_harness_hellaswag(setup, task_manager,
     assert long_seen  # a context cut on the left to block_size, the same way in both
 
 
+@pytest.mark.optional
 @needs_lm_eval
 def test_a_plain_local_task_and_arc_draw_their_shots_as_evaluate_does(setup, task_manager):
     # A task of its own (dataset_path: json, no include): the harness draws its shot from the
@@ -256,6 +258,7 @@ def test_a_plain_local_task_and_arc_draw_their_shots_as_evaluate_does(setup, tas
     assert [r['arguments'][0][0] for r in records] == [context for context, _, _ in shots]
 
 
+@pytest.mark.optional
 @needs_lm_eval
 def test_scores_by_hand_rolling_windows_and_a_continuation_too_long(setup):
     from lm_eval.api.instance import Instance
@@ -291,6 +294,7 @@ def test_scores_by_hand_rolling_windows_and_a_continuation_too_long(setup):
         lm.loglikelihood([request('loglikelihood', 'Once', ' ' + string)])
 
 
+@pytest.mark.optional
 @needs_lm_eval
 def test_the_registration(setup):
     import importlib
@@ -306,6 +310,7 @@ def test_the_registration(setup):
     assert 'hf' in model_registry and get_model('lime').__module__ == 'lab.harness'
 
 
+@pytest.mark.optional
 @needs_lm_eval
 def test_table1_runs_its_eight_tasks_on_local_files(setup):
     out = setup / 'table1.json'

@@ -63,6 +63,7 @@ def runs(tmp_path):
     return made
 
 
+@pytest.mark.optional
 @pytest.mark.skipif(not HAVE_MATPLOTLIB, reason='matplotlib is not installed')
 def test_loss_curves_are_drawn_with_a_row_per_run(runs, tmp_path):
     four_layers = [d for (r, s, n), d in runs.items() if n == 4]
@@ -204,6 +205,7 @@ def test_a_log_cut_short_or_edited_by_hand_gives_a_note_or_one_line(runs, tmp_pa
         assert '\n' not in str(stop.value)
 
 
+@pytest.mark.optional
 @pytest.mark.skipif(not HAVE_MATPLOTLIB, reason='matplotlib is not installed')
 def test_out_must_name_an_image_file(runs, tmp_path):
     for out in (tmp_path, tmp_path / 'curves.txt', tmp_path / 'curves'):
@@ -255,6 +257,7 @@ def test_help_lists_the_keys_with_their_comments():
     assert re.search(r'^  --n_ops=6 +depth mode: the operator count', result.stdout, re.M), result.stdout
 
 
+@pytest.mark.optional
 @pytest.mark.skipif(not HAVE_MATPLOTLIB, reason='drawing needs matplotlib')
 def test_band_draws_each_settings_mean_between_its_least_and_most(tmp_path):
     # Two seeds of static whose val losses are 3, 2.5, 2 and 4, 3.5, 3, one of none: static's line

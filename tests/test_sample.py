@@ -46,7 +46,8 @@ def test_a_byte_level_model_is_sampled_with_its_own_tokenizer(tmp_path):
     assert result.stdout.count('---------------') == 2
 
 
-@pytest.mark.parametrize('tokenizer', ['bytes', 'gpt2'])
+@pytest.mark.parametrize('tokenizer', ['bytes',
+                                       pytest.param('gpt2', marks=pytest.mark.optional)])
 def test_a_prompt_that_is_not_utf8_is_read_as_its_bytes(tmp_path, tokenizer, request):
     if tokenizer == 'gpt2':
         request.getfixturevalue('gpt2')  # its files, or a skip saying why

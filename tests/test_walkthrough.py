@@ -308,6 +308,7 @@ def same_outputs(stored, rerun, tol):
     return True
 
 
+@pytest.mark.optional
 @pytest.mark.skipif(bool(MISSING_PACKAGES), reason=f"the notebook's packages are not installed "
                     f"({', '.join(MISSING_PACKAGES)}; optional: pip install nbformat nbclient "
                     "ipykernel matplotlib)")
