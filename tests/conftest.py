@@ -32,6 +32,7 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 # The two files of tiktoken's "gpt2" encoding (tiktoken_ext/openai_public.py). tiktoken/load.py
 # caches each under the SHA-1 of its URL, in TIKTOKEN_CACHE_DIR, else DATA_GYM_CACHE_DIR, else
 # data-gym-cache in the temporary directory; an empty TIKTOKEN_CACHE_DIR caches nothing.
+HALF = pytest.StashKey()  # LIME_TESTS: which half of .ci/run this is, if any
 OPTIONAL = pytest.StashKey()  # the node ids of the tests the optional half runs
 GPT2_URLS = ['https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe',
              'https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json']
@@ -67,12 +68,14 @@ def needs_optional(item):
 
 
 def pytest_configure(config):
+    # popped: a test running pytest in a copy of its own (tests/test_handout.py) is no half
+    config.stash[HALF] = os.environ.pop('LIME_TESTS', None)
     config.addinivalue_line('markers', 'optional: skips or checks other things without an '
                             "optional package (run in .ci/run's optional half too)")
 
 
 def pytest_collection_modifyitems(config, items):
-    half = os.environ.get('LIME_TESTS')
+    half = config.stash[HALF]
     config.stash[OPTIONAL] = {item.nodeid for item in items if needs_optional(item)}
     if half == 'optional':
         config.hook.pytest_deselected(items=[i for i in items if not needs_optional(i)])
@@ -81,7 +84,7 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_sessionfinish(session):
     """In a half of .ci/run, a skip that leaves its test run in neither half fails the run."""
-    half = os.environ.get('LIME_TESTS')
+    half = session.config.stash[HALF]
     reporter = session.config.pluginmanager.get_plugin('terminalreporter')
     if half not in ('bare', 'optional') or reporter is None:
         return

@@ -23,12 +23,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: 
 TINY = ['--device=cpu', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32', '--batch_size=4',
         '--gradient_accumulation_steps=1', '--eval_iters=2', '--log_interval=1', '--warmup_iters=2',
         '--learning_rate=3e-3', '--router_lr=3e-2', '--min_lr=3e-4']
+BYTES = '--vocab_size=257'  # the model for byte-level data (the fixture bytes_dir)
 
 
 @pytest.fixture(scope='module')
 def data_dir(tmp_path_factory, gpt2):  # GPT-2 tokens: skips offline without its files (conftest.py)
     out = tmp_path_factory.mktemp('data') / 'pydoc'
     prepare.main(['--out_dir', str(out), '--workers', '2'])
+    return str(out)
+
+
+@pytest.fixture(scope='module')
+def bytes_dir(tmp_path_factory):
+    """The same docs at byte level, for tests of train.py's mechanics: no tokenizer files needed,
+    so these run offline too (and in .ci/run's bare half: tests/conftest.py)."""
+    out = tmp_path_factory.mktemp('data') / 'pydoc_bytes'
+    prepare.main(['--out_dir', str(out), '--workers', '2', '--tokenizer', 'bytes'])
     return str(out)
 
 
@@ -109,24 +119,24 @@ def test_a_few_training_steps_lower_the_loss_and_sampling_works(data_dir, tmp_pa
 
 
 @pytest.mark.parametrize('how', ['--fused=False', '--memory=hidden'])
-def test_checkpoint_blocks_trains_to_the_same_losses(data_dir, tmp_path, how):
+def test_checkpoint_blocks_trains_to_the_same_losses(bytes_dir, tmp_path, how):
     # Activation checkpointing recomputes each block in the backward pass: the same numbers,
     # with lime.py's mix and with v1's (a memory of hidden states). kernels/memory.py's under
     # checkpointing: tests/test_kernels.py.
-    common = ['--router=static', '--eval_interval=10', '--max_iters=10', how]
-    train(data_dir, tmp_path / 'plain', *common)
-    train(data_dir, tmp_path / 'checkpointed', *common, '--checkpoint_blocks=True')
+    common = ['--router=static', '--eval_interval=10', '--max_iters=10', how, BYTES]
+    train(bytes_dir, tmp_path / 'plain', *common)
+    train(bytes_dir, tmp_path / 'checkpointed', *common, '--checkpoint_blocks=True')
     plain, checkpointed = read_log(tmp_path / 'plain'), read_log(tmp_path / 'checkpointed')
     assert checkpointed[0] == pytest.approx(plain[0], rel=1e-5)  # the train losses
     assert checkpointed[1] == pytest.approx(plain[1], rel=1e-5)  # the val losses
 
 
-def test_killed_run_resumes_exactly_like_an_uninterrupted_one(data_dir, tmp_path):
-    common = ['--router=dynamic', '--eval_interval=10', '--lr_decay_iters=30']
-    train(data_dir, tmp_path / 'whole', *common, '--max_iters=30')
+def test_killed_run_resumes_exactly_like_an_uninterrupted_one(bytes_dir, tmp_path):
+    common = ['--router=dynamic', '--eval_interval=10', '--lr_decay_iters=30', BYTES]
+    train(bytes_dir, tmp_path / 'whole', *common, '--max_iters=30')
     # The same run, killed (SIGKILL: no chance to clean up) soon after its first checkpoint.
     killed = tmp_path / 'killed'
-    cmd = [sys.executable, os.path.join(ROOT, 'train.py'), *TINY, f'--data_dir={data_dir}',
+    cmd = [sys.executable, os.path.join(ROOT, 'train.py'), *TINY, f'--data_dir={bytes_dir}',
            f'--out_dir={killed}', *common, '--max_iters=1000']
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                           cwd=ROOT) as proc:
@@ -138,7 +148,7 @@ def test_killed_run_resumes_exactly_like_an_uninterrupted_one(data_dir, tmp_path
     assert proc.returncode == -signal.SIGKILL
     stopped_at = saved(killed)['step']
     assert 10 <= stopped_at < 30
-    train(data_dir, killed, *common, '--max_iters=30', '--init_from=resume')
+    train(bytes_dir, killed, *common, '--max_iters=30', '--init_from=resume')
     whole, resumed = read_log(tmp_path / 'whole'), read_log(killed)
     assert resumed[0] == whole[0], "train losses differ after resuming"
     assert resumed[1] == whole[1], "val losses differ after resuming"
@@ -206,9 +216,9 @@ def test_a_repeated_command_keeps_the_earlier_run_unless_told_to_overwrite(data_
 
 
 @pytest.mark.parametrize('memory', ['kv', 'hidden'])  # paper v2's routers, and v1's
-def test_two_process_ddp_matches_one_process_with_the_same_global_batch(data_dir, tmp_path, memory):
-    common = [*TINY, f'--data_dir={data_dir}', '--router=static', '--max_iters=6', '--eval_interval=6',
-              '--gradient_accumulation_steps=2', f'--memory={memory}']
+def test_two_process_ddp_matches_one_process_with_the_same_global_batch(bytes_dir, tmp_path, memory):
+    common = [*TINY, f'--data_dir={bytes_dir}', '--router=static', '--max_iters=6', '--eval_interval=6',
+              '--gradient_accumulation_steps=2', f'--memory={memory}', BYTES]
     run('train.py', *common, f'--out_dir={tmp_path / "one"}')
     torchrun = [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
     result = subprocess.run([*torchrun, os.path.join(ROOT, 'train.py'), *common,
