@@ -84,6 +84,7 @@ def test_without_matplotlib_the_table_prints_and_one_line_says_how_to_install_it
     assert '| static seed 2 |' in result.stdout and not (tmp_path / 'curves.png').exists()
 
 
+@pytest.mark.optional  # the figure too, where matplotlib is installed
 def test_arith_table_gives_mean_and_spread_over_seeds(runs, tmp_path):
     result = plot('--mode=arith', f"--runs={tmp_path}/L4_*", f'--out={tmp_path / "a.png"}',
                   matplotlib=HAVE_MATPLOTLIB, check=HAVE_MATPLOTLIB)
@@ -95,6 +96,7 @@ def test_arith_table_gives_mean_and_spread_over_seeds(runs, tmp_path):
     assert (tmp_path / 'a.png').exists() == HAVE_MATPLOTLIB
 
 
+@pytest.mark.optional  # the figure too, where matplotlib is installed
 def test_depth_table_has_a_row_per_depth_and_a_column_per_router(runs, tmp_path):
     result = plot('--mode=depth', f"--runs={tmp_path}/L*", '--n_ops=6', f'--out={tmp_path / "d.png"}',
                   matplotlib=HAVE_MATPLOTLIB, check=HAVE_MATPLOTLIB)
@@ -275,6 +277,17 @@ def test_band_draws_each_settings_mean_between_its_least_and_most(tmp_path):
     assert len(fig.axes[3].collections) == 2  # and against FLOPs, a band per setting
     refused = plot('--mode=arith', f'--runs={runs[0]}', '--band=True', check=False)
     assert refused.returncode == 1 and 'band is for the loss curves' in refused.stderr
+
+
+@pytest.mark.optional
+@pytest.mark.skipif(not HAVE_MATPLOTLIB, reason='drawing needs matplotlib')
+def test_lab_text_draws_its_runs_curves_a_figure_per_depth(tmp_path):
+    # lab/text.py's last step, by lab/plot.py; tests/test_text.py trains the runs it draws
+    from lab import text
+    fake_run(tmp_path / 'static', 'static', 1, n_layer=2, final_val=2.0)
+    fake_run(tmp_path / 'none', 'none', 1, n_layer=2, final_val=2.5, router_lr=0.0)
+    text.draw([{'name': 'static', 'layers': 2}, {'name': 'none', 'layers': 2}], str(tmp_path))
+    assert (tmp_path / 'curves_L2.png').stat().st_size > 0
 
 
 def test_the_static_start_names_a_setting_only_among_static_runs(tmp_path):
