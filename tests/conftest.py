@@ -29,11 +29,12 @@ import pytest
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+HALF = pytest.StashKey()  # LIME_TESTS: which half of .ci/run this is, if any
+OPTIONAL = pytest.StashKey()  # the node ids of the tests the optional half runs
+
 # The two files of tiktoken's "gpt2" encoding (tiktoken_ext/openai_public.py). tiktoken/load.py
 # caches each under the SHA-1 of its URL, in TIKTOKEN_CACHE_DIR, else DATA_GYM_CACHE_DIR, else
 # data-gym-cache in the temporary directory; an empty TIKTOKEN_CACHE_DIR caches nothing.
-HALF = pytest.StashKey()  # LIME_TESTS: which half of .ci/run this is, if any
-OPTIONAL = pytest.StashKey()  # the node ids of the tests the optional half runs
 GPT2_URLS = ['https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe',
              'https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json']
 
@@ -75,11 +76,11 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    half = config.stash[HALF]
-    config.stash[OPTIONAL] = {item.nodeid for item in items if needs_optional(item)}
-    if half == 'optional':
-        config.hook.pytest_deselected(items=[i for i in items if not needs_optional(i)])
-        items[:] = [item for item in items if needs_optional(item)]
+    optional = {item.nodeid for item in items if needs_optional(item)}
+    config.stash[OPTIONAL] = optional
+    if config.stash[HALF] == 'optional':
+        config.hook.pytest_deselected(items=[i for i in items if i.nodeid not in optional])
+        items[:] = [item for item in items if item.nodeid in optional]
 
 
 def pytest_sessionfinish(session):
@@ -91,11 +92,14 @@ def pytest_sessionfinish(session):
     optional = session.config.stash.get(OPTIONAL, set())
     lost = [report.nodeid for report in reporter.stats.get('skipped', [])
             if half == 'optional' or report.nodeid not in optional]
+    if not lost:
+        return
+    reporter.write_line('')  # past the progress line
     for nodeid in lost:
-        reporter.write_line(f"{nodeid} skipped in the {half} half, and the other half does not "
-                            "run it: mark it optional, or make it run here")
-    if lost:
-        session.exitstatus = 1
+        reporter.write_line(f"{nodeid} skipped in the {half} half: a test the bare half skips "
+                            "must ask for gpt2 or carry the mark optional, and the optional "
+                            "half, with every package, skips none")
+    session.exitstatus = 1
 
 
 def pytest_terminal_summary(terminalreporter):
