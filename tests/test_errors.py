@@ -145,12 +145,21 @@ def snapshot(root):
             for path in sorted(root.rglob('*')) if path.is_file() and path.name != '.lock'}
 
 
+def uses_root(args):
+    """Whether a case reads the data, the trained run or the bad files of the fixture root."""
+    return any(place in arg for arg in args for place in ('{data}', '{run}', '{files}'))
+
+
 def case(name, script, args, message, needs_no_gpu=False, alone=False):
     """script run with args (split at spaces; {tiny} stands for TINY, and {data}, {run}, {files} and
     {scratch} for their directories) must fail with message in its error line. alone: as a command of
-    its own, not in the batch."""
+    its own, not in the batch. A case that reads root's GPT-2 data skips without its files, so it
+    is marked optional: it runs where they are (conftest.py)."""
+    marks = [no_gpu] if needs_no_gpu else []
+    if uses_root(args.split()):
+        marks.append(pytest.mark.optional)
     return pytest.param(name, script, args.split(), message, alone or script == 'prepare.py', id=name,
-                        marks=[no_gpu] if needs_no_gpu else [])
+                        marks=marks)
 
 
 CASES = [
@@ -359,16 +368,7 @@ def sweep(script, positive_ints, ints, positive_floats, floats):
                  f"{key} must be") for key, keys in values.items() for value in keys]
 
 
-def uses_root(args):
-    """Whether a case reads the data, the trained run or the bad files of the fixture root."""
-    return any(place in arg for arg in args for place in ('{data}', '{run}', '{files}'))
-
-
 CASES += [param for script, keys in NUMERIC_KEYS.items() for param in sweep(script, *keys)]
-# The cases that read root's GPT-2 data skip without its files: run where they are (conftest.py).
-for i, p in enumerate(CASES):
-    if uses_root(p.values[2]):
-        CASES[i] = pytest.param(*p.values, id=p.id, marks=[*p.marks, pytest.mark.optional])
 
 # Runs cases [(name, script, args, cwd)] one after another in this one process, each as
 # `python SCRIPT ARGS` in cwd would (a SystemExit's message goes to stderr, as Python prints it), and

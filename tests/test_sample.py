@@ -11,7 +11,7 @@ import pytest
 
 import lime
 from test_train import ROOT, assert_clean_error, run, train
-from test_train import data_dir  # noqa: F401 (a fixture)
+from test_train import bytes_dir, data_dir  # noqa: F401 (fixtures)
 
 
 def test_sample_reads_a_prompt_file_and_refuses_a_foreign_vocabulary(data_dir, tmp_path):
@@ -28,14 +28,11 @@ def test_sample_reads_a_prompt_file_and_refuses_a_foreign_vocabulary(data_dir, t
                        '_train_', 'vocab_size is 1000')
 
 
-def test_a_byte_level_model_is_sampled_with_its_own_tokenizer(tmp_path):
-    import prepare
-    data = tmp_path / 'pydoc_bytes'
-    prepare.main(['--out_dir', str(data), '--workers', '2', '--tokenizer', 'bytes'])
+def test_a_byte_level_model_is_sampled_with_its_own_tokenizer(bytes_dir, tmp_path):
     # Byte-level data with GPT-2's vocabulary is refused before anything is built.
-    assert_clean_error(train(data, tmp_path / 'wrong', check=False), '--vocab_size=257')
+    assert_clean_error(train(bytes_dir, tmp_path / 'wrong', check=False), '--vocab_size=257')
     out = tmp_path / 'out'
-    train(data, out, '--vocab_size=257', '--max_iters=2', '--eval_interval=2')
+    train(bytes_dir, out, '--vocab_size=257', '--max_iters=2', '--eval_interval=2')
     result = run('sample.py', f'--out_dir={out}', '--start=Café «lists»', '--num_samples=1',
                  '--max_new_tokens=20', '--device=cpu')
     text = result.stdout.split('---------------')[0]
