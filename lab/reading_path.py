@@ -38,7 +38,9 @@ def lines_run(argv):
             return None
         path = os.path.abspath(code.co_filename)  # '<frozen os>' and the like: no file
         if not (path.startswith(ROOT + os.sep) and os.path.isfile(path)) or path == THIS:
-            return trace  # torch's and the standard library's lines are not the repo's
+            # torch's and the standard library's lines are not the repo's: no line events in
+            # their frames (their calls into the repo still come here, as every call does)
+            return None
         ran[os.path.relpath(path, ROOT)].add(frame.f_lineno)
         return trace
 

@@ -429,9 +429,10 @@ from tests.test_kernels import model_pair, batch
 rank = int(sys.argv[1])
 os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=sys.argv[2])
 dist.init_process_group('gloo', rank=rank, world_size=2)
-_, model = model_pair(router=sys.argv[3], n_embd=128)  # the fast one: kernels.install
+# the fast one (kernels.install); two layers, one routed: every process compiles each layer
+_, model = model_pair(router=sys.argv[3], n_layer=2, n_embd=128)
 x = batch(B=4)[2 * rank:2 * rank + 2]  # each process its half of the batch
-# As train.py: compiled, then wrapped; the weights (3.3 MB) in buckets of 1 MB (the least DDP's
+# As train.py: compiled, then wrapped; the weights (2 MB) in buckets of 1 MB (the least DDP's
 # graph splitter takes), so that it splits the compiled graph at them (as do the mixes' breaks)
 ddp = DDP(torch.compile(model) if sys.argv[5] == 'compiled' else model, bucket_cap_mb=1)
 for step in range(2):  # a second step: DDP's hooks and the compiled pieces run again
@@ -457,7 +458,7 @@ def test_under_ddp_two_processes_on_gloo_give_one_eager_processs_gradients(route
                               stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
     errors = [p.communicate(timeout=300)[1] for p in procs]
     assert all(p.returncode == 0 for p in procs), errors
-    plain, _ = model_pair(router=router, n_embd=128)
+    plain, _ = model_pair(router=router, n_layer=2, n_embd=128)
     want = loss_and_grads(plain, batch(B=4))[1]  # the mean over the whole batch
     assert_same_grads(torch.load(out, weights_only=True), want, 1e-5)
 
