@@ -421,16 +421,19 @@ def test_compiled_however_deep_no_layer_is_left_uncompiled(router):
     assert not skipped, skipped
 
 
+# The DDP test's model, in both processes and in the eager one it is held to: two layers, one
+# routed (every process compiles each layer's graphs)
+DDP_MODEL = dict(n_layer=2, n_embd=128)
+
 DDP_SCRIPT = '''
 import os, sys, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 sys.path.insert(0, {root!r})
-from tests.test_kernels import model_pair, batch
+from tests.test_kernels import DDP_MODEL, model_pair, batch
 rank = int(sys.argv[1])
 os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=sys.argv[2])
 dist.init_process_group('gloo', rank=rank, world_size=2)
-# the fast one (kernels.install); two layers, one routed: every process compiles each layer
-_, model = model_pair(router=sys.argv[3], n_layer=2, n_embd=128)
+_, model = model_pair(router=sys.argv[3], **DDP_MODEL)  # the fast one: kernels.install
 x = batch(B=4)[2 * rank:2 * rank + 2]  # each process its half of the batch
 # As train.py: compiled, then wrapped; the weights (2 MB) in buckets of 1 MB (the least DDP's
 # graph splitter takes), so that it splits the compiled graph at them (as do the mixes' breaks)
@@ -458,7 +461,7 @@ def test_under_ddp_two_processes_on_gloo_give_one_eager_processs_gradients(route
                               stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
     errors = [p.communicate(timeout=300)[1] for p in procs]
     assert all(p.returncode == 0 for p in procs), errors
-    plain, _ = model_pair(router=router, n_layer=2, n_embd=128)
+    plain, _ = model_pair(router=router, **DDP_MODEL)
     want = loss_and_grads(plain, batch(B=4))[1]  # the mean over the whole batch
     assert_same_grads(torch.load(out, weights_only=True), want, 1e-5)
 
