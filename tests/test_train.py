@@ -156,9 +156,10 @@ def test_killed_run_resumes_exactly_like_an_uninterrupted_one(bytes_dir, tmp_pat
     assert logged_steps(killed) == logged_steps(tmp_path / 'whole')
 
 
-def test_resume_takes_the_model_data_and_schedule_from_the_checkpoint(data_dir, tmp_path):
+def test_resume_takes_the_model_data_and_schedule_from_the_checkpoint(bytes_dir, tmp_path):
     out = tmp_path / 'out'
-    train(data_dir, out, '--block_size=16', '--max_iters=2', '--eval_interval=2', '--rope_base=500000')
+    train(bytes_dir, out, BYTES, '--block_size=16', '--max_iters=2', '--eval_interval=2',
+          '--rope_base=500000')
     # Only what differs is given: block_size 16 and the data_dir come from the checkpoint, not the
     # defaults (1024 and data/fineweb_edu), and the changed max_iters is said.
     result = run('train.py', f'--out_dir={out}', '--init_from=resume', '--device=cpu', '--max_iters=4')
@@ -170,7 +171,7 @@ def test_resume_takes_the_model_data_and_schedule_from_the_checkpoint(data_dir, 
     checkpoint = saved(out)
     assert checkpoint['step'] == 4 and checkpoint['model_args']['block_size'] == 16
     assert checkpoint['model_args']['rope_base'] == 500000.0  # every GPTConfig field is a train.py key
-    assert checkpoint['config']['data_dir'] == str(data_dir)
+    assert checkpoint['config']['data_dir'] == str(bytes_dir)
     assert checkpoint['config']['lr_decay_iters'] == 2 and checkpoint['config']['max_iters'] == 4
     assert logged_steps(out) == [(0, 'val'), (1, 'train'), (2, 'train'), (2, 'val'), (3, 'train'),
                                  (4, 'train'), (4, 'val')]
@@ -179,38 +180,41 @@ def test_resume_takes_the_model_data_and_schedule_from_the_checkpoint(data_dir, 
     assert header['config']['max_iters'] == 4 and header['config']['block_size'] == 16
 
 
-def test_a_short_last_shard_is_skipped_and_the_run_trains_past_it(data_dir, tmp_path):
+def test_a_short_last_shard_is_skipped_and_the_run_trains_past_it(bytes_dir, tmp_path):
     # Shards of 300, 300 and 50 tokens; a micro-step of 4 x 32 takes 129: two from each long shard,
     # none from the last, so steps 5 and 6 come from the first shard again.
     data = tmp_path / 'data'
     data.mkdir()
-    shutil.copy(next(iter(glob.glob(os.path.join(data_dir, '*_val_*.bin')))), data / 'x_val_000000.bin')
-    tokens = prepare.read_shard(glob.glob(os.path.join(data_dir, '*_train_*.bin'))[0])
+    shutil.copy(glob.glob(os.path.join(bytes_dir, '*_val_*.bin'))[0], data / 'x_val_000000.bin')
+    shutil.copy(os.path.join(bytes_dir, 'tokenizer.json'), data)
+    tokens = prepare.read_shard(glob.glob(os.path.join(bytes_dir, '*_train_*.bin'))[0])
     for i, (start, end) in enumerate([(0, 300), (300, 600), (600, 650)], 1):
         prepare.write_shard(data / f'x_train_00000{i}.bin', tokens[start:end])
     out = tmp_path / 'out'
     # Trained with the data's path relative to tmp_path, resumed from the repo with its full path:
     # the same data, read on from where it stopped.
-    result = train('data', out, '--max_iters=4', '--eval_interval=4', cwd=tmp_path)
+    result = train('data', out, BYTES, '--max_iters=4', '--eval_interval=4', cwd=tmp_path)
     assert "note: skipping data/x_train_000003.bin: its 50 tokens" in result.stdout
     (out / 'ckpt.pt.12345.tmp').write_bytes(b'half a checkpoint, its writer killed')
-    result = train(data, out, '--max_iters=6', '--eval_interval=2', '--init_from=resume')
+    result = train(data, out, BYTES, '--max_iters=6', '--eval_interval=2', '--init_from=resume')
     assert 'read from its start' not in result.stdout and not list(out.glob('*.tmp'))
     assert read_log(out)[0].keys() == set(range(1, 7))
     shards = [['x_train_000001.bin', 300], ['x_train_000002.bin', 300], ['x_train_000003.bin', 50]]
     assert saved(out)['data'] == {'shard': 0, 'pos': 256, 'data_dir': str(data), 'shards': shards}
 
 
-def test_a_repeated_command_keeps_the_earlier_run_unless_told_to_overwrite(data_dir, tmp_path):
+def test_a_repeated_command_keeps_the_earlier_run_unless_told_to_overwrite(bytes_dir, tmp_path):
     out = tmp_path / 'out'
-    result = train(data_dir, out, '--max_iters=2', '--eval_interval=2')
+    result = train(bytes_dir, out, BYTES, '--max_iters=2', '--eval_interval=2')
     # Both steps warm up (TINY's warmup_iters=2): said once, not found later in the curves.
     assert result.stdout.count('note: max_iters=2 ends within the warmup (warmup_iters=2)') == 1
     before = {path.name: path.read_bytes() for path in out.iterdir()}
-    assert_clean_error(train(data_dir, out, '--max_iters=2', '--eval_interval=2', check=False),
-                       f'{out} holds a run (ckpt.pt, log.txt)', '--init_from=resume', '--overwrite=True')
+    again = train(bytes_dir, out, BYTES, '--max_iters=2', '--eval_interval=2', check=False)
+    assert_clean_error(again, f'{out} holds a run (ckpt.pt, log.txt)', '--init_from=resume',
+                       '--overwrite=True')
     assert {path.name: path.read_bytes() for path in out.iterdir()} == before
-    train(data_dir, out, '--max_iters=2', '--eval_interval=2', '--overwrite=True', '--seed=7')
+    train(bytes_dir, out, BYTES, '--max_iters=2', '--eval_interval=2', '--overwrite=True',
+          '--seed=7')
     assert saved(out)['config']['seed'] == 7
     assert logged_steps(out) == [(0, 'val'), (1, 'train'), (2, 'train'), (2, 'val')]
 
@@ -232,12 +236,12 @@ def test_two_process_ddp_matches_one_process_with_the_same_global_batch(bytes_di
     assert one_val[6] == pytest.approx(two_val[6], rel=1e-5)
 
 
-def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(data_dir, tmp_path):
+def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(bytes_dir, tmp_path):
     out = tmp_path / 'out'
-    train(data_dir, out, '--max_iters=4', '--eval_interval=4')
+    train(bytes_dir, out, BYTES, '--max_iters=4', '--eval_interval=4')
     # An absurd learning rate blows the weights up within a few steps; checkpoints every step. (The
     # saved schedule ended at step 4: --lr_decay_iters=0 stretches it to the new max_iters.)
-    result = train(data_dir, out, '--init_from=resume', '--max_iters=50', '--eval_interval=1',
+    result = train(bytes_dir, out, '--init_from=resume', '--max_iters=50', '--eval_interval=1',
                    '--lr_decay_iters=0', '--learning_rate=1e30', '--router_lr=1e30',
                    '--grad_clip=0.0', check=False)
     assert_clean_error(result, 'is nan', 'last good checkpoint')
