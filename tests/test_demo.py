@@ -36,7 +36,7 @@ def demo(*args, env=None):
 # without it is the next test's.
 @pytest.mark.optional
 @pytest.mark.skipif(importlib.util.find_spec('matplotlib') is None,
-                    reason='draws its figure: where matplotlib is installed')
+                    reason='needs matplotlib: draws its figure')
 def test_demo_trains_both_side_by_side_and_prints_their_losses(arith, tmp_path):
     result = demo(f'--data_dir={arith}', f'--out_dir={tmp_path}')
     assert result.returncode == 0, result.stdout + result.stderr

@@ -23,7 +23,7 @@ TINY = ['--n_embd=32', '--n_head=2', '--block_size=32', '--batch_size=2', '--max
 # figure, then checks the tables with matplotlib blocked, as a user without it has them.
 @pytest.mark.optional
 @pytest.mark.skipif(importlib.util.find_spec('matplotlib') is None,
-    reason='draws its figure, then runs again without matplotlib: where matplotlib is installed')
+                    reason='needs matplotlib: draws its figure, then runs again with it blocked')
 @pytest.mark.skipif(shutil.which('bash') is None, reason='lab/depth_text.sh is a bash script')
 def test_depth_command_trains_every_depth_router_and_seed_tabulates_and_keeps_its_runs(tmp_path):
     text = tmp_path / 'docs.txt'

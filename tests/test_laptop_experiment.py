@@ -31,7 +31,7 @@ def without_matplotlib(tmp_path, env):
 # figure, then checks the tables with matplotlib blocked, as a user without it has them.
 @pytest.mark.optional
 @pytest.mark.skipif(importlib.util.find_spec('matplotlib') is None,
-    reason='draws its figure, then runs again without matplotlib: where matplotlib is installed')
+                    reason='needs matplotlib: draws its figure, then runs again with it blocked')
 @pytest.mark.skipif(shutil.which('bash') is None, reason='lab/laptop.sh is a bash script')
 def test_laptop_command_trains_scores_tabulates_and_keeps_its_runs(tmp_path):
     # The script's `python` is the one running the tests (with its packages), not another on PATH.
