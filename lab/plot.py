@@ -166,9 +166,20 @@ def real_data_dir(run, config):
     return os.path.realpath(os.path.join(start, data_dir))
 
 
+def shown(value, values):
+    """A key's value in a setting's name: a float at 4 significant digits (3e-3/10 as 0.0003),
+    unless that would name two of the key's values alike."""
+    if not isinstance(value, float):
+        return value
+    text = f"{value:.4g}"
+    alike = {v for v in values if isinstance(v, float) and f"{v:.4g}" == text}
+    return text if alike == {value} else value
+
+
 def setting(config, differ, depth_axis):
     """A run's setting, the name its seeds share: the router (with hyper-connections), then each
-    key in differ, but for n_layer where depth is an axis of its own."""
+    key in differ ({key: its values over the runs}), but n_layer where depth is an axis of its
+    own."""
     hc = config.get('hyper_connections')
     name = config['router'] + (f"-hc{hc}" if hc else '')
     if 'n_layer' in differ and not depth_axis:
@@ -177,7 +188,7 @@ def setting(config, differ, depth_axis):
         if no_router(config, key):
             continue
         if key not in ('router', 'hyper_connections', 'n_layer'):
-            name += f" {SHORT.get(key, key)}={config.get(key)}"
+            name += f" {SHORT.get(key, key)}={shown(config.get(key), differ[key])}"
     return name
 
 
@@ -190,9 +201,10 @@ def by_setting(runs, depth_axis):
         # train.py saves 0 as what it means (max_iters) now, as older logs do not
         config['lr_decay_iters'] = config.get('lr_decay_iters') or config.get('max_iters')
         config.setdefault('router_init', 'noisy')  # logs from before the key: the authors' start
+        config.setdefault('memory', 'kv')  # and from before v1's routers: v2's keys and values
         config['data_dir'] = real_data_dir(run, config)
         configs[run] = config
-    differ = setting_keys(list(configs.values()))
+    differ = {k: [c.get(k) for c in configs.values()] for k in setting_keys(list(configs.values()))}
     groups, seeds = {}, {}
     for run, config in configs.items():
         name = setting(config, differ, depth_axis)

@@ -300,3 +300,18 @@ def test_the_static_start_names_a_setting_only_among_static_runs(tmp_path):
     runs.append(fake_run(tmp_path / 'o1', 'static', 1))  # an older log: no router_init
     groups, _ = plot_py.by_setting(runs, depth_axis=False)
     assert list(groups) == ['none', 'static init=identity', 'dynamic', 'static init=noisy'], groups
+
+
+def test_a_setting_names_floats_short_where_that_keeps_them_apart_and_old_logs_v2s_memory(
+        tmp_path):
+    # min_lr = learning_rate / 10 in floating point: 3e-3/10 is 0.00030000000000000003
+    runs = [fake_run(tmp_path / 'a', 'static', 1, min_lr=3e-3 / 10, memory='kv'),
+            fake_run(tmp_path / 'b', 'static', 1, min_lr=6e-3 / 10, memory='hidden'),
+            fake_run(tmp_path / 'c', 'static', 2, min_lr=3e-4)]  # an older log: no memory key
+    groups, _ = plot_py.by_setting(runs, depth_axis=False)
+    assert list(groups) == ['static memory=kv min_lr=0.00030000000000000003',
+                            'static memory=hidden min_lr=0.0006',
+                            'static memory=kv min_lr=0.0003'], groups
+    groups, _ = plot_py.by_setting(runs[1:], depth_axis=False)  # 0.0003 alone: short
+    assert list(groups) == ['static memory=hidden min_lr=0.0006',
+                            'static memory=kv min_lr=0.0003'], groups
