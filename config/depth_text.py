@@ -1,10 +1,8 @@
 """The depth experiment on text (docs/results.md): a narrow model on Python's docs at byte level
-(python prepare.py --tokenizer=bytes), at the depth lab/depth_text.sh gives it (8 and 32 layers),
-300 steps of 16 x 128 bytes, one CPU thread a run:
-    bash lab/depth_text.sh
-(docs/results.md's runs of it had router_lr 3e-2 and the authors' start: add --router_lr=3e-2
---router_init=noisy to repeat them). Its model is also lab/text.py's, which sets the rates,
-steps and start itself.
+(python prepare.py --tokenizer=bytes), 300 steps of 16 x 128 bytes, one CPU thread a run, at the
+depth --n_layer gives it:
+    python train.py config/depth_text.py --n_layer=8 --out_dir=out/depth_text/L8_static_s1
+It is also lab/text.py's model, which sets the depth, rates, steps and start itself.
 """
 out_dir = 'out/depth_text/L32_static_s1'
 data_dir = 'data/pydoc_bytes'
