@@ -204,7 +204,8 @@ def by_setting(runs, depth_axis):
         config.setdefault('memory', 'kv')  # and from before v1's routers: v2's keys and values
         config['data_dir'] = real_data_dir(run, config)
         configs[run] = config
-    differ = {k: [c.get(k) for c in configs.values()] for k in setting_keys(list(configs.values()))}
+    keys = setting_keys(list(configs.values()))
+    differ = {k: [c.get(k) for c in configs.values()] for k in keys}  # the keys that tell runs apart
     groups, seeds = {}, {}
     for run, config in configs.items():
         name = setting(config, differ, depth_axis)
