@@ -205,7 +205,8 @@ def by_setting(runs, depth_axis):
         config['data_dir'] = real_data_dir(run, config)
         configs[run] = config
     keys = setting_keys(list(configs.values()))
-    differ = {k: [c.get(k) for c in configs.values()] for k in keys}  # the keys that tell runs apart
+    # each key that tells runs apart, with its value in every run (to name floats short)
+    differ = {k: [c.get(k) for c in configs.values()] for k in keys}
     groups, seeds = {}, {}
     for run, config in configs.items():
         name = setting(config, differ, depth_axis)
