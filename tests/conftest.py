@@ -18,6 +18,8 @@ import collections
 import hashlib
 import os
 import signal
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -28,6 +30,31 @@ import pytest
 # process it starts then has from the start, as one started in a terminal.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo: scripts run there
+# The tiny model every test that trains uses: seconds on one CPU core.
+TINY = ['--device=cpu', '--n_layer=2', '--n_head=2', '--n_embd=32', '--block_size=32',
+        '--batch_size=4', '--gradient_accumulation_steps=1', '--eval_iters=2', '--log_interval=1',
+        '--warmup_iters=2', '--learning_rate=3e-3', '--router_lr=3e-2', '--min_lr=3e-4']
+BYTES = '--vocab_size=257'  # the model for byte-level data (the fixture bytes_dir)
+
+
+def command(script):
+    """How a user runs script from the repo root: python train.py, or python -m lab.evaluate."""
+    if '/' in script:
+        return [sys.executable, '-m', script.removesuffix('.py').replace('/', '.')]
+    return [sys.executable, os.path.join(ROOT, script)]
+
+
+def run(script, *args, check=True, cwd=ROOT, env=None):
+    """script run with args as a user runs it; with check, it must exit 0."""
+    env = {**os.environ, 'PYTHONPATH': ROOT, **(env or {})}
+    result = subprocess.run([*command(script), *args], capture_output=True, text=True, cwd=cwd,
+                            timeout=600, env=env)
+    if check:
+        assert result.returncode == 0, f"{script} failed:\n{result.stdout}\n{result.stderr}"
+    return result
+
 
 HALF = pytest.StashKey()  # LIME_TESTS: which half of .ci/run this is, if any
 OPTIONAL = pytest.StashKey()  # the node ids of the tests the optional half runs
@@ -61,6 +88,42 @@ def gpt2():
         pytest.skip(why)
     import prepare
     return prepare.gpt2_encoding()
+
+
+@pytest.fixture(scope='session')
+def bytes_dir(tmp_path_factory):
+    """The Python docs at byte level (train.py's default data): no tokenizer files needed."""
+    import prepare
+    out = tmp_path_factory.mktemp('data') / 'pydoc_bytes'
+    prepare.main(['--out_dir', str(out), '--workers', '2', '--tokenizer', 'bytes'])
+    return str(out)
+
+
+@pytest.fixture(scope='session')
+def data_dir(tmp_path_factory, gpt2):
+    """The Python docs in GPT-2 tokens: skips offline without the tokenizer's files."""
+    import prepare
+    out = tmp_path_factory.mktemp('data') / 'pydoc'
+    prepare.main(['--out_dir', str(out), '--workers', '2'])
+    return str(out)
+
+
+@pytest.fixture(scope='session')
+def trained(tmp_path_factory, bytes_dir):
+    """trained(router, memory): the out_dir of a finished TINY run on bytes_dir (8 steps,
+    evaluated and saved at 4 and 8), trained once per session for each router and memory and
+    shared by every test that needs a checkpoint. Read it; a test that changes it copies it."""
+    runs = {}
+
+    def get(router='static', memory='kv'):
+        if (router, memory) not in runs:
+            out = tmp_path_factory.mktemp(f'run_{router}_{memory}')
+            run('train.py', *TINY, BYTES, f'--data_dir={bytes_dir}', f'--out_dir={out}',
+                f'--router={router}', f'--memory={memory}', '--max_iters=8',
+                '--eval_interval=4')
+            runs[router, memory] = str(out)
+        return runs[router, memory]
+    return get
 
 
 def needs_optional(item):
