@@ -57,8 +57,9 @@ def test_a_mistaken_override_stops_in_one_line(arg, message):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason='this machine has a CUDA GPU')
 def test_a_gpu_that_torch_does_not_see_is_one_line():
-    assert refusal(configure, '--device=cuda') == (
-        f"error: device 'cuda': torch {torch.__version__} sees 0 CUDA GPU(s) here (use --device=cpu)")
+    assert refusal(configure, '--device=cuda') == (f"error: device 'cuda': torch "
+                                                  f"{torch.__version__} sees 0 CUDA GPU(s) here "
+                                                  "(use --device=cpu)")
 
 
 @pytest.mark.parametrize('kind, good, bad', [
@@ -75,7 +76,7 @@ def test_a_config_file_sets_keys_and_its_mistakes_name_the_file(tmp_path):
     config, given, _ = configure(str(path), '--n_layer=8')
     assert (config['n_layer'], config['router'], given) == (8, 'dynamic', {'n_layer', 'router'})
     for text, message in [('n_layer = (\n', f"{path}:1: not a config file of `key = value` lines"),
-                          ('n_layer = 2 * 3\n', f"{path}:1: config files hold `key = value` lines"),
+                          ('n_layer = 2 * 3\n', f"{path}:1: config files hold `key = value`"),
                           ('n_layr = 6\n', f"{path}:1: unknown key 'n_layr'"),
                           ('# café\n'.encode('latin-1'), f"config file {path}: could not read it")]:
         path.write_bytes(text if isinstance(text, bytes) else text.encode())
