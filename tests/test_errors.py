@@ -78,7 +78,7 @@ def test_a_config_file_sets_keys_and_its_mistakes_name_the_file(tmp_path):
     for text, message in [('n_layer = (\n', f"{path}:1: not a config file of `key = value` lines"),
                           ('n_layer = 2 * 3\n', f"{path}:1: config files hold `key = value`"),
                           ('n_layr = 6\n', f"{path}:1: unknown key 'n_layr'"),
-                          ('# café\n'.encode('latin-1'), f"config file {path}: could not read it")]:
+                          ('# café\n'.encode('latin-1'), f"config file {path}: could not read")]:
         path.write_bytes(text if isinstance(text, bytes) else text.encode())
         assert refusal(configure, str(path)).startswith(f"error: {message}")
     assert refusal(configure, 'n_layer=6') == (
