@@ -387,7 +387,6 @@ def make_aside(out_dir):
     tempfile.mkdtemp's 0700, with the user's umask: a teacher may read a class's data."""
     parent, name = os.path.split(os.path.abspath(out_dir))
     aside = os.path.join(parent, f".{name}.{os.getpid()}")
-    shutil.rmtree(aside, ignore_errors=True)  # left by a killed run of the same process id
     os.makedirs(aside)
     return aside
 
