@@ -2,14 +2,10 @@
 table1.py: the LIMe paper's Table 1 for a checkpoint: its eight tasks, 1-shot, scored by EleutherAI's
 LM Evaluation Harness itself (optional: pip install lm-eval==0.4.13) with lab/harness.py's model.
 It prints the harness's table and writes its results to out_dir/table1.json; docs/evaluation.md
-holds the paper's rows to compare with. From the repo root:
+holds the paper's rows, and says how to run offline. From the repo root:
 
     python -m lab.table1 --out_dir=out/gpt2
     python -m lab.table1 --out_dir=out/gpt2 --tasks=hellaswag --limit=200 --batch_size=32
-    python -m lab.table1 --out_dir=out/gpt2 --include_path=tasks/local  # task files of one's own
-
-The data sets come from the Hugging Face hub, or its cache; --include_path names a directory of
-task YAML files the harness reads beside its own (one may point a task at local files).
 """
 import json
 import os
@@ -38,18 +34,21 @@ def main():
         ('bfloat16', 'float32'): ['dtype']})
     globals().update(config)
     from lab import harness  # one line saying how to install lm-eval where it is missing
-    import lm_eval
-    from lm_eval.tasks import TaskManager
+    import lm_eval.tasks
     from lm_eval.utils import handle_non_serializable, make_table
 
     model = harness.LimeLM(out_dir=out_dir, device=device, dtype=dtype, batch_size=batch_size)
-    task_manager = TaskManager(include_path=include_path or None)
+    task_manager = lm_eval.tasks.TaskManager(include_path=include_path or None)
     names = tasks.split(',')
     unknown = [name for name in names if name not in task_manager.all_subtasks]
     if unknown:
         fail(f"the harness has no task {', '.join(unknown)} (nor has --include_path, if given)")
-    results = lm_eval.simple_evaluate(model=model, tasks=names, num_fewshot=num_fewshot,
-                                      limit=limit or None, task_manager=task_manager)
+    try:
+        results = lm_eval.simple_evaluate(model=model, tasks=names, num_fewshot=num_fewshot,
+                                          limit=limit or None, task_manager=task_manager,
+                                          log_samples=False)
+    except OSError as e:  # datasets': offline and not cached, or not found
+        fail(f"could not load a task's data set ({e}); docs/evaluation.md says how to run offline")
     print(make_table(results))
     path = os.path.join(out_dir, 'table1.json')
     text = json.dumps(results, indent=1, default=handle_non_serializable)
