@@ -2,8 +2,6 @@
 Tests for lab/evaluate.py: bits per byte (prepare.nats_and_bytes, which train.py reports with too),
 multiple choice as build-nanogpt scores it, HellaSwag's download, and train.py's mc_task. No
 network: the tasks are files the tests write.
-
-    python -m pytest -q tests/test_evaluate.py
 """
 import json
 import math
@@ -58,9 +56,6 @@ def test_bits_per_byte_is_the_loss_on_text_over_its_bytes(trained, small_bytes):
     assert 0 < (~text).sum() and scores['bpb_tokens'] == windows * T == len(y)
     hand = losses[text].sum().item() / (math.log(2) * text.sum().item())
     assert math.isclose(scores['bpb'], hand, rel_tol=1e-5), (scores, hand)
-    counts = torch.tensor([1] * 256 + [0])
-    assert prepare.nats_and_bytes(losses, y, counts) == pytest.approx(
-        (losses[text].sum().item(), float(text.sum())))
 
 
 @pytest.mark.parametrize('case', ['byte-level model', 'no checkpoint'])
@@ -95,18 +90,15 @@ def test_hellaswag_is_downloaded_once_whole_into_the_cache(tmp_path, monkeypatch
     (source / 'hellaswag_val.jsonl').unlink()
     assert evaluate.task_file('hellaswag') == path  # from the cache, not the source
     monkeypatch.setattr(evaluate, 'cache_dir', str(tmp_path / 'elsewhere'))
-    with pytest.raises(SystemExit, match=r'^error: could not download file://.*hellaswag_val.jsonl'):
+    with pytest.raises(SystemExit, match=r'^error: could not download file://.*hellaswag_val'):
         evaluate.task_file('hellaswag')
     assert not (tmp_path / 'elsewhere').exists()
 
 
 # A HellaSwag line (its authors' format), and a plain line whose context ends in a space.
-ROOF = {'ind': 1, 'activity_label': 'Roof shingle removal',
-        'ctx_a': 'Bob climbs a ladder onto a roof.', 'ctx_b': 'then Bob',
-        'ctx': 'Bob climbs a ladder onto a roof. then Bob', 'split': 'val',
-        'split_type': 'indomain', 'label': 1,
-        'endings': ['stops.', 'pulls the old tiles off the roof.', 'waves.', 'falls.'],
-        'source_id': 'activitynet~v_handmade'}
+ROOF = {'ind': 1, 'activity_label': 'Roof shingle removal', 'ctx_a': 'Bob is on a roof.',
+        'ctx_b': 'then Bob', 'ctx': 'Bob is on a roof. then Bob', 'label': 1,
+        'endings': ['stops.', 'pulls the old tiles off the roof.', 'waves.', 'falls.']}
 SPACE = {'context': 'He looks down and he ', 'endings': ['waves.', 'stops.'], 'label': 1}
 # The fake model's costs in nats: ' stops' 4 and '.' 2; the long ending's words 2.5 each; the
 # distractors 40. Any other token (say 'st', 'ops': ' stops' split) costs about 1e4.

@@ -2,8 +2,6 @@
 Tests for lab/harness.py and lab/table1.py: EleutherAI's LM Evaluation Harness scoring a lime
 checkpoint. They need lm-eval (pip install lm-eval==0.4.13) and skip, saying so, without it. No
 network: the harness runs offline, its tasks pointed at JSON-lines files the tests write.
-
-    python -m pytest -q tests/test_lm_eval.py
 """
 import atexit
 import functools
@@ -34,7 +32,6 @@ from conftest import ROOT  # noqa: E402
 needs_lm_eval = pytest.mark.skipif(importlib.util.find_spec('lm_eval') is None, reason=(
     "lm-eval is not installed (optional: pip install lm-eval==0.4.13)"))
 BLOCK_SIZE = 64
-LONG = ' '.join(['The crowd watches from the stands as the riders circle the arena again.'] * 6)
 
 # Two of Table 1's tasks, by their own names, each on a few lines in its data set's own format.
 HELLASWAG = [{'ind': i, 'activity_label': 'Roof shingle removal', 'ctx_a': f'A man is on roof {i}.',
@@ -45,11 +42,6 @@ HELLASWAG = [{'ind': i, 'activity_label': 'Roof shingle removal', 'ctx_a': f'A m
              for i in range(4)]
 PIQA = [{'goal': 'To open a jar,', 'sol1': 'twist the lid.', 'sol2': 'eat the lid.', 'label': 0},
         {'goal': 'To dry hands,', 'sol1': 'wet them.', 'sol2': 'use a towel.', 'label': 1}]
-
-
-def write_jsonl(path, records):
-    path.write_text(''.join(json.dumps(r) + '\n' for r in records))
-    return path
 
 
 @pytest.fixture(scope='module')
@@ -65,9 +57,10 @@ def setup(tmp_path_factory, gpt2):
     tasks = root / 'tasks'
     tasks.mkdir()
     harness_tasks = os.path.join(os.path.dirname(importlib.util.find_spec('lm_eval').origin),
-                                 'tasks') if importlib.util.find_spec('lm_eval') else ''
+                                 'tasks')
     for task, lines in {'hellaswag': HELLASWAG, 'piqa': PIQA}.items():
-        data = write_jsonl(root / f'{task}.jsonl', lines)
+        data = root / f'{task}.jsonl'
+        data.write_text(''.join(json.dumps(line) + '\n' for line in lines))
         (tasks / f'{task}.yaml').write_text('\n'.join([
             f'include: {os.path.join(harness_tasks, task, task + ".yaml")}', f'task: {task}',
             'dataset_path: json', 'dataset_name: null', 'dataset_kwargs:', '  data_files:',
@@ -128,7 +121,7 @@ def test_scores_by_hand_rolling_windows_and_a_continuation_too_long(setup):
     assert math.isclose(ll2, by_hand(text[:1], text[1:2]), abs_tol=1e-4) and greedy is False
     # A text longer than block_size: the first BLOCK_SIZE tokens after <|endoftext|>, the rest
     # from the BLOCK_SIZE tokens before each (the harness's rolling windows).
-    long = enc.encode_ordinary(LONG + ' ' + LONG)[:100]
+    long = enc.encode_ordinary('The riders circle the arena again. ' * 20)[:100]
     string = enc.decode(long)
     assert enc.encode_ordinary(string) == long and len(long) > BLOCK_SIZE
     rolled, = lm.loglikelihood_rolling([request('loglikelihood_rolling', string)])
@@ -151,7 +144,8 @@ def test_the_registration_survives_a_second_run_of_the_module(setup):
     # even where the module runs again, reloaded or loaded under a second name (as __main__ is).
     assert 'hf' in model_registry and get_model('lime') is harness.LimeLM
     importlib.reload(harness)
-    spec = importlib.util.spec_from_file_location('harness', os.path.join(ROOT, 'lab', 'harness.py'))
+    path = os.path.join(ROOT, 'lab', 'harness.py')
+    spec = importlib.util.spec_from_file_location('harness', path)
     spec.loader.exec_module(importlib.util.module_from_spec(spec))
     assert 'hf' in model_registry and get_model('lime').__module__ == 'lab.harness'
     lm = get_model('lime').create_from_arg_string(f"out_dir={setup / 'run'},batch_size=3",
