@@ -202,8 +202,6 @@ CASES = [
     case('arith-modulus', 'lab/arith.py', '--modulus=12', 'modulus must be a prime'),
     case('arith-dunder-is-no-key', 'lab/arith.py', '--__name__=x', "unknown key '__name__'"),
     case('evaluate-nothing', 'lab/evaluate.py', '--out_dir={run} --task=', 'nothing to evaluate'),
-    case('evaluate-shots-without-examples', 'lab/evaluate.py', '--out_dir={run} --task={files}/bad_label.jsonl '
-         '--shots=1', '--shots=1 needs --train_file'),
     case('train-mc-interval-without-task', 'train.py', '{tiny} --data_dir={data} --out_dir={scratch}/o '
          '--mc_interval=2', 'mc_interval needs mc_task'),
     # config files that are not config files
@@ -275,9 +273,6 @@ CASES = [
     case('evaluate-empty-ending', 'lab/evaluate.py',
          '--out_dir={run} --task={files}/empty_ending.jsonl',
          'empty_ending.jsonl:2: ending 1 holds no text to score'),
-    case('evaluate-train-file-without-shots', 'lab/evaluate.py', '--out_dir={run} '
-         '--task={files}/bad_label.jsonl --train_file={files}/bad_label.jsonl',
-         '--train_file is where --shots draws'),
     case('arith-prepare-into-text-data', 'lab/arith.py', '--mode=prepare --out_dir={data}',
          'holds another data set'),
     case('arith-eval-of-a-data-setting', 'lab/arith.py',
@@ -348,14 +343,14 @@ NUMERIC_KEYS = {
                  ['rope_base', 'router_top_p', 'learning_rate', 'peak_flops'],
                  ['router_lr', 'weight_decay', 'beta1', 'beta2', 'grad_clip', 'min_lr']),
     'sample.py': (['num_samples', 'max_new_tokens'], ['top_k', 'seed'], [], ['temperature']),
-    'lab/evaluate.py': (['batch_size'], ['max_examples', 'shots', 'seed'], [], []),
+    'lab/evaluate.py': (['batch_size'], ['max_examples'], [], []),
     'lab/analyze.py': (['batch_size', 'probe_examples', 'probe_folds'], ['seed'], ['alpha'], []),
     'lab/arith.py': (['modulus', 'min_ops', 'max_ops', 'train_per_ops', 'val_per_ops',
                       'eval_per_ops', 'eval_batch'], ['seed'], [], []),
     'lab/bench.py': (['hyper_connections', 'steps', 'warmup'], ['batch_size'],
                      ['peak_flops', 'bandwidth', 'minutes'], []),
     'lab/plot.py': (['n_ops'], [], [], []),
-    'lab/table1.py': (['batch_size'], ['num_fewshot', 'limit', 'seed'], [], []),
+    'lab/table1.py': (['batch_size'], ['num_fewshot', 'limit'], [], []),
 }
 
 
