@@ -105,6 +105,16 @@ def token_bytes(vocab_size, data_dir):
     return np.array([len(enc.decode_single_token_bytes(i)) for i in range(EOT)] + [0]), None
 
 
+def nats_and_bytes(losses, targets, byte_counts):
+    """(nats, bytes) for bits per byte = nats / (ln 2 * bytes): the loss summed over the targets
+    that are text, and the UTF-8 bytes of that text. losses: each target's cross-entropy in nats;
+    byte_counts: token_bytes's counts as a tensor. <|endoftext|> counts 0 bytes and its loss is
+    left out: it is a document boundary, not text, and a tokenizer that marks boundaries otherwise
+    (or not at all) must still compare."""
+    counts = byte_counts[targets]
+    return float((losses * (counts > 0)).sum()), float(counts.sum())
+
+
 class Batches:
     """(x, y) int64 arrays of B sequences of T tokens, y being x shifted by one, read in order
     through data_dir's training shards, round and round. A micro-step takes span = B*T*world_size

@@ -27,8 +27,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from bookkeeping import RunDir, Stop, say
 from configurator import configure, fail, or_fail
 from lime import GPT, GPTConfig, load_checkpoint
-from prepare import (BYTES_VOCAB, Batches, data_tokenizer, prepare_if_default, read_shard,
-                     shard_paths, token_bytes)
+from prepare import (BYTES_VOCAB, Batches, data_tokenizer, nats_and_bytes, prepare_if_default,
+                     read_shard, shard_paths, token_bytes)
 
 # default config values: a GPT-2-small-shaped LIMe model on FineWeb-Edu, on one GPU
 # I/O
@@ -315,9 +315,9 @@ def evaluate():
         losses = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction='none')
         loss += losses.mean().item()
         if byte_counts is not None:
-            text_bytes = byte_counts[y.flatten()]
-            nats += (losses * (text_bytes > 0)).sum().item()
-            nbytes += text_bytes.sum().item()
+            n, b = nats_and_bytes(losses, y.flatten(), byte_counts)
+            nats += n
+            nbytes += b
     model.train()
     nbytes = sum_over_processes(nbytes)
     bpb = sum_over_processes(nats) / (math.log(2) * nbytes) if nbytes else None
