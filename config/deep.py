@@ -8,7 +8,7 @@ n_layer = 32
 n_head = 8
 n_embd = 256
 mlp_hidden = 1024
-# Static LIMe starts from the baseline's model, not the authors' identity plus noise: at 24 layers it
+# Static LIMe starts as the baseline's model, not the authors' identity plus noise: at 24 layers it
 # trained to a lower loss on every seed (docs/results.md, "Depth, fairly"). Other routers ignore it.
 router_init = 'identity'
 block_size = 2048
