@@ -140,8 +140,7 @@ class StaticRouter(nn.Module):
         # order, so that the mix is one product R (G, S*G) @ sources (S*G, B*T*2*hs) and the cat
         # that lays them out is the only copy. (R @ torch.cat(memory, dim=3) gives the same
         # numbers, but torch folds B, T and 2 into the product's rows: a transposed copy of the
-        # whole cat at every layer, kept for the backward pass; tests/test_compiled_code.py
-        # fails on it.)
+        # whole cat at every layer, kept for the backward pass.)
         sources = torch.cat([kv.movedim(3, 0) for kv in memory])  # (S*G, B, T, 2, hs)
         mixed = self.mix_weights() @ sources.flatten(1)  # (G, B*T*2*hs)
         # Back to (B, T, 2, G, hs) as a view: hs stays the last, unit-stride dim that SDPA's

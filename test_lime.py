@@ -1,7 +1,7 @@
 """
 Tests for lime.py: the model's specification. Each test pins one property that could break;
 closeness checks print the largest difference when they fail. (tests/test_model_more.py
-covers top-p, config errors, the optimizer groups, FLOPs, compiling and checkpoints.)
+covers top-p, config errors, the optimizer groups, FLOPs and compiling.)
 
     python -m pytest -q
 """

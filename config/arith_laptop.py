@@ -1,9 +1,5 @@
-"""The laptop experiment (docs/laptop_experiment.md): config/arith.py's tiny model (4 heads, width
-32) at 8 layers, 3,000 steps of 8 x 256 characters, on the data of `python -m lab.arith
---mode=prepare`. 6-8 minutes of one CPU core per run. All runs, then the tables and the figure:
-    bash lab/laptop.sh
-Static LIMe beat the baseline in 5 of 5 seed pairs at 6 operators (67.7 +- 12.4% vs 25.1 +- 6.8%,
-commit 23df1c8); dynamic in 3 of 5.
+"""The laptop experiment (docs/laptop_experiment.md): config/arith.py's model at 8 layers, 6-8
+minutes of one CPU core a run. All runs, then the tables and the figure: bash lab/laptop.sh
 """
 out_dir = 'out/laptop_arith/static_s1'
 data_dir = 'data/arith'
@@ -16,12 +12,10 @@ n_head = 4
 n_embd = 32
 vocab_size = 18
 block_size = 256
-router = 'static'
 batch_size = 8
 gradient_accumulation_steps = 1
 learning_rate = 1e-2
 router_lr = 1e-1
-weight_decay = 0.1
 max_iters = 3000  # at 1,500 neither static seed learnt the tables (docs/laptop_experiment.md)
 warmup_iters = 100
 min_lr = 1e-3

@@ -1,14 +1,9 @@
-"""The quick start: a small static LIMe model on Python's documentation at byte level (each UTF-8
-byte a token; train.py prepares data/pydoc_bytes if it is missing), under three minutes on two
-CPU cores; its samples read like the docs' text:
+"""The quick start: a small static LIMe model on Python's documentation at byte level (train.py
+prepares data/pydoc_bytes if it is missing), under three minutes on two CPU cores:
     python train.py config/cpu_demo.py && python sample.py --out_dir=out/cpu_demo
-The validation loss and bits per byte in its log are over the targets of eval_iters batches of
-16 x 128: the first 20,480 of the validation split's 22,137 tokens (20,471 bytes; 9 are document
-starts, which have none). `python -m lab.evaluate` scores every whole window of 128: 22,016
-targets, whose last 1,536 are easier text (2.08 bits per byte on their own), so it reports less:
-2.2069 against the log's 2.2200 (two threads, 2026-11-27, router_lr 3e-3; with router_lr 3e-2 and
-the code before kernels/memory.py, one thread: 2.2439 against 2.2560, and lab.evaluate on the
-first 20,480 gave the log's 2.2560).
+The log's bits per byte are over its first 20,480 validation targets; `python -m lab.evaluate`
+scores every whole window of 128 (22,016 targets, the last 1,536 easier text), so it reports less:
+2.2069 against the log's 2.2200 (two threads, 2026-11-27).
 """
 out_dir = 'out/cpu_demo'
 data_dir = 'data/pydoc_bytes'
@@ -21,7 +16,6 @@ n_head = 4
 n_embd = 128
 vocab_size = 257  # 256 bytes and the document start
 block_size = 128
-router = 'static'
 batch_size = 16
 gradient_accumulation_steps = 1
 learning_rate = 3e-3  # a model this small trains well with a higher rate than the paper's 1e-3

@@ -1,8 +1,6 @@
-"""The depth experiment on text (docs/results.md): a narrow model on Python's docs at byte level
-(python prepare.py --tokenizer=bytes), 300 steps of 16 x 128 bytes, one CPU thread a run, at the
-depth --n_layer gives it:
+"""The depth experiment on text (docs/results.md) and lab/text.py's model: a narrow model on
+Python's docs at byte level, one CPU thread a run, at the depth --n_layer gives it:
     python train.py config/depth_text.py --n_layer=8 --out_dir=out/depth_text/L8_static_s1
-It is also lab/text.py's model, which sets the depth, rates, steps and start itself.
 """
 out_dir = 'out/depth_text/L32_static_s1'
 data_dir = 'data/pydoc_bytes'
@@ -15,9 +13,7 @@ n_head = 4
 n_embd = 64
 vocab_size = 257
 block_size = 128
-router = 'static'
 router_init = 'identity'  # not the authors' start: the better at depth (config/deep.py says why)
-fused = True  # kernels/memory.py's mix: the same numbers, faster at this depth on a CPU
 batch_size = 16
 gradient_accumulation_steps = 1
 learning_rate = 3e-3

@@ -4,13 +4,7 @@
     torchrun --standalone --nproc_per_node=8 train.py config/gpt2.py
 """
 out_dir = 'out/gpt2'
-data_dir = 'data/fineweb_edu'
-n_layer = 12
-n_head = 12
-n_embd = 768
-block_size = 1024
 batch_size = 32
 gradient_accumulation_steps = 16  # 32 x 1024 x 16 = 524,288 tokens per step
 max_iters = 2000  # about 1.05B tokens
-warmup_iters = 200
 eval_interval = 200

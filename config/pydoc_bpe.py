@@ -1,7 +1,5 @@
-"""An 8-layer static LIMe model on Python's documentation in GPT-2 tokens (python prepare.py), in
-about five minutes on two CPU cores: the quick start's preset before it went to bytes
-(config/cpu_demo.py), and the CPU-demo scale of docs/results.md.
-    python train.py config/pydoc_bpe.py
+"""An 8-layer static LIMe model on Python's docs in GPT-2 tokens (python prepare.py), about five
+minutes on two CPU cores (docs/results.md's CPU-demo scale):  python train.py config/pydoc_bpe.py
 """
 out_dir = 'out/pydoc_bpe'
 data_dir = 'data/pydoc'
@@ -13,7 +11,6 @@ n_layer = 8
 n_head = 4
 n_embd = 128
 block_size = 128
-router = 'static'
 batch_size = 8
 gradient_accumulation_steps = 1
 learning_rate = 3e-3  # a model this small trains well with a higher rate than the paper's 1e-3
