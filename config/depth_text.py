@@ -17,7 +17,6 @@ vocab_size = 257
 block_size = 128
 router = 'static'
 router_init = 'identity'  # not the authors' start: the better at depth (config/deep.py says why)
-fused = True  # kernels/memory.py's mix: the same numbers, faster at this depth on a CPU
 batch_size = 16
 gradient_accumulation_steps = 1
 learning_rate = 3e-3
