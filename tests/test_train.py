@@ -1,9 +1,8 @@
 """
 Tests for train.py and bookkeeping.py, run as a user runs them: as commands, on a tiny model and
-the Python docs at byte level, on the CPU. A run's safety, a test for each protection: checkpoints
-written whole, no weights that are not finite saved, stop signals that save (a hook in the child
-sends the signal to itself after a given optimizer step), exact resumes that refuse another run's
-settings, no run replaced unasked, one run per out_dir.
+the Python docs at byte level, on the CPU. A test for each protection of a run: files written whole,
+weights that are not finite never saved, stop signals that save (a hook in the child sends itself
+the signal after a given step), exact resumes, no run replaced unasked, one run per out_dir.
 
     python -m pytest -q tests/test_train.py
 """
@@ -29,8 +28,8 @@ TORCHRUN = ['-m', 'torch.distributed.run', '--standalone', '--nproc_per_node=2']
 
 # train.py as `python train.py ARGS` runs it, with a hook after each optimizer step of this process:
 # EVENTS[n] lists what follows its n-th step: 'nan' in one weight, 'noise' in every weight (finite,
-# a worse model), a signal number sent to itself (on rank RANK only, if given), or 'ctrl-c in save'
-# (a SIGINT as the checkpoint's write begins). SIGHUP as a shell leaves it: ignored under nohup.
+# a worse model), a signal by name, sent to itself (on rank RANK only, if given), or 'ctrl-c in
+# save' (a SIGINT as the checkpoint's write begins). SIGHUP as a shell leaves it (nohup ignores it).
 HOOK = '''
 import os, runpy, signal, sys
 import torch
@@ -50,8 +49,8 @@ def after_step(optimizer, args, kwargs):
             if event == 'noise':
                 for w in weights:
                     w.add_(torch.randn_like(w))
-        if isinstance(event, int) and RANK in (None, int(os.environ.get('RANK', 0))):
-            os.kill(os.getpid(), event)
+        if event.startswith('SIG') and RANK in (None, int(os.environ.get('RANK', 0))):
+            os.kill(os.getpid(), getattr(signal, event))
 
 save = torch.save
 def save_interrupted(obj, f, **kwargs):
@@ -68,10 +67,8 @@ runpy.run_path(sys.argv[0], run_name='__main__')
 
 def hooked(tmp_path, *args, events=None, rank=None, nohup=False, torchrun=False, env=None):
     """train.py with args under HOOK, one thread a process; its output captured."""
-    events = {n: [e if isinstance(e, str) else int(e) for e in es]
-              for n, es in (events or {}).items()}
     hook = tmp_path / 'hook.py'
-    hook.write_text(HOOK.format(events=events, rank=rank, nohup=nohup,
+    hook.write_text(HOOK.format(events=events or {}, rank=rank, nohup=nohup,
                                 train_py=os.path.join(ROOT, 'train.py')))
     launcher = [sys.executable, *TORCHRUN] if torchrun else [sys.executable]
     env = {**os.environ, 'PYTHONPATH': ROOT, 'OMP_NUM_THREADS': '1', **(env or {})}
@@ -83,11 +80,6 @@ def tiny(data_dir, out_dir, *args):
     """train.py's arguments for the tiny byte-level model: conftest's trained run with args."""
     return [*TINY, BYTES, f'--data_dir={data_dir}', f'--out_dir={out_dir}', '--max_iters=8',
             '--eval_interval=4', *args]
-
-
-def copy(trained, tmp_path):
-    shutil.copytree(trained, tmp_path / 'run')
-    return tmp_path / 'run'
 
 
 def resume(out, *args):
@@ -140,22 +132,22 @@ def test_checkpoint_blocks_trains_to_the_same_losses(trained, bytes_dir, tmp_pat
     assert [loss for _, loss in losses(tmp_path)] == pytest.approx([x for _, x in plain], rel=1e-5)
 
 
-@pytest.mark.parametrize('signum, times', [(signal.SIGINT, 1), (signal.SIGTERM, 2),
-                                           (signal.SIGUSR1, 1), (signal.SIGHUP, 1)])
-def test_a_stop_signal_saves_the_step_in_flight(bytes_dir, tmp_path, signum, times):
+@pytest.mark.parametrize('name, times', [('SIGINT', 1), ('SIGTERM', 2), ('SIGUSR1', 1),
+                                         ('SIGHUP', 1)])
+def test_a_stop_signal_saves_the_step_in_flight(bytes_dir, tmp_path, name, times):
     # SIGTERM twice (a job script forwarding it, and the scheduler signalling the group) is one
     # request; SIGUSR1 is SLURM's warning (sbatch --signal=USR1@90); SIGHUP a lost terminal.
     out = tmp_path / 'run'
-    result = hooked(tmp_path, *tiny(bytes_dir, out), events={3: [signum] * times})
-    assert result.returncode == 128 + signum
+    result = hooked(tmp_path, *tiny(bytes_dir, out), events={3: [name] * times})
+    assert result.returncode == 128 + getattr(signal, name)
     assert only_line(result) == (
-        f"stopped by {signal.Signals(signum).name} at step 3, its checkpoint saved to "
+        f"stopped by {name} at step 3, its checkpoint saved to "
         f"{out}/ckpt.pt: resume with python {ROOT}/train.py --out_dir={out} --init_from=resume")
     assert saved(out)['step'] == 3 and losses(out)[-1][0] == 3
 
 
 def test_a_run_started_under_nohup_goes_on_through_sighup(bytes_dir, tmp_path):
-    result = hooked(tmp_path, *tiny(bytes_dir, tmp_path / 'run'), events={2: [signal.SIGHUP]},
+    result = hooked(tmp_path, *tiny(bytes_dir, tmp_path / 'run'), events={2: ['SIGHUP']},
                     nohup=True)
     assert result.returncode == 0 and result.stderr == '', result.stderr
     assert saved(tmp_path / 'run')['step'] == 8
@@ -163,12 +155,12 @@ def test_a_run_started_under_nohup_goes_on_through_sighup(bytes_dir, tmp_path):
 
 def test_a_resume_after_a_stop_or_a_kill_trains_on_exactly(trained, bytes_dir, tmp_path):
     out = tmp_path / 'run'
-    stopped = hooked(tmp_path, *tiny(bytes_dir, out), events={3: [signal.SIGTERM]})
+    stopped = hooked(tmp_path, *tiny(bytes_dir, out), events={3: ['SIGTERM']})
     named = shlex.split(stopped.stderr.split('resume with ')[1])
     assert named[1:] == [os.path.join(ROOT, 'train.py'), f'--out_dir={out}', '--init_from=resume']
     # Resumed as named, then killed outright (SIGKILL) at step 6, after its checkpoint at 4 and
     # the log line of step 5: the next resume cuts log.txt back to step 4, and trains from there.
-    killed = hooked(tmp_path, *named[2:], '--device=cpu', events={3: [signal.SIGKILL]})
+    killed = hooked(tmp_path, *named[2:], '--device=cpu', events={3: ['SIGKILL']})
     assert killed.returncode == -signal.SIGKILL and losses(out)[-1][0] == 5
     (out / 'ckpt.pt.12345.tmp').write_bytes(b'half a checkpoint, its writer killed')
     result = run('train.py', *resume(out))
@@ -179,7 +171,7 @@ def test_a_resume_after_a_stop_or_a_kill_trains_on_exactly(trained, bytes_dir, t
 
 def test_a_resume_takes_the_run_from_its_checkpoint_and_applies_what_a_machine_may_change(
         trained, bytes_dir, tmp_path):
-    out = copy(trained(), tmp_path)
+    out = shutil.copytree(trained(), tmp_path / 'run')
     # Only what differs is given: block_size 32 and the data_dir come from the checkpoint, not
     # the defaults (1024 and data/fineweb_edu); the optimizer's settings are today's
     result = run('train.py', *resume(out, '--max_iters=10', '--weight_decay=0.5', '--beta2=0.5'))
@@ -216,12 +208,12 @@ def test_a_resume_refuses_another_runs_settings_and_with_nothing_to_train_change
 
 
 def test_weights_or_a_loss_that_are_not_finite_are_never_saved(trained, tmp_path):
-    out = copy(trained(), tmp_path)
+    out = shutil.copytree(trained(), tmp_path / 'run')
     before = (out / 'ckpt.pt').read_bytes()
     kept = (f"the last checkpoint ({out}/ckpt.pt, step 8) is kept: resume it with "
             "--init_from=resume, with a lower learning_rate")
     # A weight goes nan after step 9, where no log line sees it, and SIGTERM comes then
-    result = hooked(tmp_path, *resume(out, '--max_iters=12'), events={1: ['nan', signal.SIGTERM]})
+    result = hooked(tmp_path, *resume(out, '--max_iters=12'), events={1: ['nan', 'SIGTERM']})
     assert result.returncode == 128 + signal.SIGTERM
     assert only_line(result) == (f"stopped by SIGTERM at step 9, not saved: its weights are not "
                                  f"finite. {kept}")
@@ -236,7 +228,7 @@ def test_with_always_save_checkpoint_false_a_stop_keeps_the_best_checkpoint(byte
     # Noise in every weight after step 5 makes step 6's evaluation worse; SIGTERM after step 7
     result = hooked(tmp_path, *tiny(bytes_dir, out, '--max_iters=10', '--eval_interval=2',
                                     '--always_save_checkpoint=False'),
-                    events={5: ['noise'], 7: [signal.SIGTERM]})
+                    events={5: ['noise'], 7: ['SIGTERM']})
     val = val_losses(out)
     best = 4 if val[4] < val[2] else 2  # each evaluation better than the checkpoint's replaced it
     assert val[6] > val[best] and val[2] < val[0]  # the fault took, and training learned first
@@ -250,11 +242,11 @@ def test_with_always_save_checkpoint_false_a_stop_keeps_the_best_checkpoint(byte
 
 def test_a_second_ctrl_c_or_a_full_disk_during_a_save_keeps_the_last_checkpoint(trained,
                                                                                  tmp_path):
-    out = copy(trained(), tmp_path)
+    out = shutil.copytree(trained(), tmp_path / 'run')
     before = (out / 'ckpt.pt').read_bytes()
     # Ctrl-C after step 9, then again while step 9's checkpoint is being written
     result = hooked(tmp_path, *resume(out, '--max_iters=12'),
-                    events={1: [signal.SIGINT, 'ctrl-c in save']})
+                    events={1: ['SIGINT', 'ctrl-c in save']})
     assert result.returncode == 128 + signal.SIGINT
     assert only_line(result) == (f"stopped at once by a second SIGINT: the last checkpoint "
                                  f"({out}/ckpt.pt, step 8) is kept")
@@ -290,7 +282,7 @@ def test_a_file_is_written_whole_or_not_at_all_and_as_open_would_make_it(trained
 
 def test_a_run_is_replaced_only_when_asked_and_once_the_new_one_has_saved(trained, bytes_dir,
                                                                            tmp_path):
-    out = copy(trained(), tmp_path)
+    out = shutil.copytree(trained(), tmp_path / 'run')
     before = files(out)
     again = run('train.py', *tiny(bytes_dir, out), check=False)
     assert only_line(again) == (f"error: {out} holds a run: continue it with --init_from=resume, "
@@ -301,7 +293,7 @@ def test_a_run_is_replaced_only_when_asked_and_once_the_new_one_has_saved(traine
     assert only_line(hooked(tmp_path, *new_run, events={1: ['nan']})) == (
         "error: the training loss is nan at step 2: stopping. no checkpoint was saved: start "
         "again, with a lower learning_rate")
-    assert hooked(tmp_path, *new_run, events={2: [signal.SIGKILL]}).returncode == -9
+    assert hooked(tmp_path, *new_run, events={2: ['SIGKILL']}).returncode == -9
     assert files(out) == before
     # Once the new run has saved, the old one is gone
     run('train.py', *new_run)
@@ -399,7 +391,7 @@ def test_two_processes_train_as_one_with_the_same_global_batch(bytes_dir, tmp_pa
         assert [{**data, 'step': step} for _, _, data, step in logs] == records(two)
     else:
         result = hooked(tmp_path, *tiny(bytes_dir, two, *common), torchrun=True, rank=1,
-                        events={3: [signal.SIGTERM]})
+                        events={3: ['SIGTERM']})
         assert [line for line in result.stderr.splitlines() if line.startswith('stopped')] == [
             f"stopped by SIGTERM at step 4, its checkpoint saved to {two}/ckpt.pt: resume with "
             f"torchrun --nproc_per_node=2 {ROOT}/train.py --out_dir={two} --init_from=resume"]
@@ -430,19 +422,12 @@ def test_wandb_failures_are_one_line_before_training(bytes_dir, tmp_path):
     assert not (tmp_path / 'never').exists()
 
 
-class Planted:
-    """What a crafted checkpoint holds: unpickled, it runs code (here: it creates marker)."""
-
-    def __init__(self, marker):
-        self.marker = marker
-
-    def __reduce__(self):
-        return open, (str(self.marker), 'w')
-
-
 def test_a_checkpoint_that_would_run_code_is_refused_unread(tmp_path):
-    torch.save({'model': Planted(tmp_path / 'code_ran'), 'model_args': {}, 'step': 1},
-               tmp_path / 'ckpt.pt')
+    class Planted:  # unpickled, it runs code: it creates the file code_ran
+        def __reduce__(self):
+            return open, (str(tmp_path / 'code_ran'), 'w')
+
+    torch.save({'model': Planted(), 'model_args': {}, 'step': 1}, tmp_path / 'ckpt.pt')
     result = run('train.py', *resume(tmp_path), check=False)
     assert only_line(result) == (f"error: {tmp_path}/ckpt.pt holds more than tensors and plain "
                                  "values, as train.py's checkpoints do: refused unread (loading it "
