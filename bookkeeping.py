@@ -35,8 +35,7 @@ os.umask(UMASK)
 
 def write_whole(path, write):
     """write(f) fills a new temporary file beside path, which then takes path's name in one step:
-    path holds the whole new file, or the old one as it was (a full disk, a kill, Ctrl-C). It
-    gets the permissions that open() gives a new file (mkstemp's are for its owner only)."""
+    path holds the whole new file, or the old one as it was (a full disk, a kill, Ctrl-C)."""
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)),
                                prefix=os.path.basename(path) + '.', suffix='.tmp')
     try:
@@ -44,7 +43,7 @@ def write_whole(path, write):
             write(f)
             f.flush()
             os.fsync(f.fileno())  # on disk before the rename makes it visible
-        os.chmod(tmp, 0o666 & ~UMASK)
+        os.chmod(tmp, 0o666 & ~UMASK)  # as open() makes a file: mkstemp's are its owner's only
         os.replace(tmp, path)
     except BaseException:
         os.remove(tmp)
@@ -118,10 +117,10 @@ class RunDir:
                     "with nothing to resume: this run replaces it")
             self.open_log()
         if config['wandb_log']:
-            name = '{router} {n_layer}x{n_embd} {out_dir}'.format(**config)
+            name = config['wandb_run_name'] or '{router} {n_layer}x{n_embd} {out_dir}'.format(
+                **config)
             try:  # offline (WANDB_MODE=offline) it needs no account and no network
-                self.wandb = wandb.init(project=config['wandb_project'],
-                                        name=config['wandb_run_name'] or name,
+                self.wandb = wandb.init(project=config['wandb_project'], name=name,
                                         config=dict(config, **header), dir=out_dir)
             except Exception as e:  # no API key, no network: wandb's own words, on one line
                 fail(f"wandb could not start a run: {' '.join(str(e).split())} "
@@ -134,7 +133,14 @@ class RunDir:
         self.log_file = open(self.log_path, 'a')
 
     def write(self, record):
-        """Add a record (a dict, its numbers finite) to log.txt, and to W&B where it logs."""
+        """Add a record to log.txt, and to W&B where it logs; a number in it that is not finite
+        stops the run. A record with val_loss is an evaluation's: the next save's val loss."""
+        for key, value in record.items():
+            if not math.isfinite(value):
+                fail(f"{key} is {value} at step {record['step']}: stopping. {self.advice()}")
+        if 'val_loss' in record:
+            self.val_loss = record['val_loss']
+            self.best_val_loss = min(self.best_val_loss, self.val_loss)
         if not MASTER:
             return
         line = json.dumps(record) + '\n'
@@ -145,15 +151,6 @@ class RunDir:
             self.log_file.flush()
         if self.wandb is not None:
             self.wandb.log({k: v for k, v in record.items() if k != 'step'}, step=record['step'])
-
-    def evaluated(self, step, val_loss):
-        self.check_finite(val_loss, 'the validation loss', step)
-        self.val_loss = val_loss
-        self.best_val_loss = min(self.best_val_loss, val_loss)
-
-    def check_finite(self, value, what, step):
-        if not math.isfinite(value):
-            fail(f"{what} is {value} at step {step}: stopping. {self.advice()}")
 
     def save(self, model, optimizer, batches, step, stopping=False):
         """Save the checkpoint of step, whole, where the rules let it: weights that are not finite
@@ -187,16 +184,16 @@ class RunDir:
 
     def catch_stop_signals(self):
         """SIGINT (Ctrl-C), SIGTERM (a scheduler), SIGUSR1 (SLURM: the time is nearly up) and
-        SIGHUP (a lost terminal; nohup ignores it) set signum: the step finishes, saves, exits."""
+        SIGHUP (a lost terminal; nohup ignores it) set signum: the step finishes, saves, exits.
+        The same signal again is the same request (a job script forwarding what the scheduler
+        sent its whole group). A second Ctrl-C stops at once, a save under way removing its
+        temporary; but torchrun forwards every signal to each process once more."""
         for name in ('SIGINT', 'SIGTERM', 'SIGUSR1', 'SIGHUP'):
             signum = getattr(signal, name, None)  # Windows has the first two only
             if signum is not None and signal.getsignal(signum) != signal.SIG_IGN:
                 signal.signal(signum, self.signalled)
 
     def signalled(self, signum, frame):
-        # The same signal again is the same request (a job script forwarding what the scheduler
-        # sent its whole group). A second Ctrl-C stops at once, a save under way removing its
-        # temporary; but torchrun forwards every signal to each process once more.
         if not self.signum:
             self.signum = signum
         elif signum == signal.SIGINT and 'RANK' not in os.environ:
@@ -204,8 +201,12 @@ class RunDir:
             os.write(2, f"stopped at once by a second SIGINT: {self.kept()}\n".encode())
             raise SystemExit(128 + signum)
 
-    def stop(self, signum, step, unsaved):
-        """Say why the run stopped after step, then exit as a shell says signum stopped it."""
+    def stop(self, signum, model, optimizer, batches, step):
+        """Save step where the rules let it, say so, and exit as a shell says signum stopped it."""
+        unsaved = self.save(model, optimizer, batches, step, stopping=True)
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()  # rank 0 may still be saving
+            torch.distributed.destroy_process_group()
         why = f"not saved: {unsaved}" if unsaved else \
             f"its checkpoint saved to {self.ckpt_path}: resume with {self.resume_command()}"
         if MASTER:

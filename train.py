@@ -336,7 +336,6 @@ while True:
             line += f" | {mc.name} acc {acc:.4f} acc_norm {acc_norm:.4f}"
             record.update(mc_acc=acc, mc_acc_norm=acc_norm)
         say(line)
-        run.evaluated(step, val_loss)
         run.write(record)
         if step > start_step:
             run.save(raw_model, optimizer, train_batches, step)
@@ -372,8 +371,6 @@ while True:
     if step % log_interval == 0 or step == max_iters:
         train_loss = sum_over_processes(loss_sum.item() / accum_steps) / world_size  # waits for GPU
         grad_norm = grad_norm.item()
-        run.check_finite(train_loss, 'the training loss', step)
-        run.check_finite(grad_norm, 'the gradient norm', step)  # the weights come next
         seconds_per_step = (time.time() - window_start) / window_steps
         tokens_per_sec = tokens_per_step / seconds_per_step
         lr = base_lrs[0] * factor
@@ -392,11 +389,7 @@ while True:
         window_start = time.time()
         window_steps = 0
     if (signum := stop_signal()) and step < max_iters:  # (the last step saves as always)
-        unsaved = run.save(raw_model, optimizer, train_batches, step, stopping=True)
-        if ddp:
-            dist.barrier()  # rank 0 may still be saving
-            dist.destroy_process_group()
-        run.stop(signum, step, unsaved)
+        run.stop(signum, raw_model, optimizer, train_batches, step)
 
 if ddp:
     dist.barrier()  # rank 0 may still be saving: tearing down under it can abort (SIGABRT) a run

@@ -219,7 +219,7 @@ def test_weights_or_a_loss_that_are_not_finite_are_never_saved(trained, tmp_path
                                  f"finite. {kept}")
     # Without a signal, step 10's loss is nan: the run stops at its log line
     result = hooked(tmp_path, *resume(out, '--max_iters=12'), events={1: ['nan']})
-    assert only_line(result) == f"error: the training loss is nan at step 10: stopping. {kept}"
+    assert only_line(result) == f"error: train_loss is nan at step 10: stopping. {kept}"
     assert (out / 'ckpt.pt').read_bytes() == before
 
 
@@ -291,7 +291,7 @@ def test_a_run_is_replaced_only_when_asked_and_once_the_new_one_has_saved(traine
     # checkpoint: the old run is as it was
     new_run = tiny(bytes_dir, out, '--overwrite=True', '--seed=7')
     assert only_line(hooked(tmp_path, *new_run, events={1: ['nan']})) == (
-        "error: the training loss is nan at step 2: stopping. no checkpoint was saved: start "
+        "error: train_loss is nan at step 2: stopping. no checkpoint was saved: start "
         "again, with a lower learning_rate")
     assert hooked(tmp_path, *new_run, events={2: ['SIGKILL']}).returncode == -9
     assert files(out) == before
