@@ -227,6 +227,8 @@ class RunDir:
         return f"the last checkpoint ({self.ckpt_path}, step {self.saved[0]}) is kept"
 
     def advice(self):
-        """How to go on after the weights went bad."""
-        how = 'start again' if self.saved is None else 'resume it with --init_from=resume'
-        return f"{self.kept()}: {how}, with a lower learning_rate"
+        """How to go on after the weights went bad: from the last good checkpoint, if any."""
+        if self.saved is None:
+            return "No checkpoint was saved: start again with a lower learning_rate"
+        return (f"The last good checkpoint ({self.ckpt_path}, step {self.saved[0]}) is kept: "
+                "resume from it with --init_from=resume and a lower learning_rate")

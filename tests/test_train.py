@@ -210,8 +210,8 @@ def test_a_resume_refuses_another_runs_settings_and_with_nothing_to_train_change
 def test_weights_or_a_loss_that_are_not_finite_are_never_saved(trained, tmp_path):
     out = shutil.copytree(trained(), tmp_path / 'run')
     before = (out / 'ckpt.pt').read_bytes()
-    kept = (f"the last checkpoint ({out}/ckpt.pt, step 8) is kept: resume it with "
-            "--init_from=resume, with a lower learning_rate")
+    kept = (f"The last good checkpoint ({out}/ckpt.pt, step 8) is kept: resume from it with "
+            "--init_from=resume and a lower learning_rate")
     # A weight goes nan after step 9, where no log line sees it, and SIGTERM comes then
     result = hooked(tmp_path, *resume(out, '--max_iters=12'), events={1: ['nan', 'SIGTERM']})
     assert result.returncode == 128 + signal.SIGTERM
@@ -291,8 +291,8 @@ def test_a_run_is_replaced_only_when_asked_and_once_the_new_one_has_saved(traine
     # checkpoint: the old run is as it was
     new_run = tiny(bytes_dir, out, '--overwrite=True', '--seed=7')
     assert only_line(hooked(tmp_path, *new_run, events={1: ['nan']})) == (
-        "error: train_loss is nan at step 2: stopping. no checkpoint was saved: start "
-        "again, with a lower learning_rate")
+        "error: train_loss is nan at step 2: stopping. No checkpoint was saved: start again "
+        "with a lower learning_rate")
     assert hooked(tmp_path, *new_run, events={2: ['SIGKILL']}).returncode == -9
     assert files(out) == before
     # Once the new run has saved, the old one is gone
