@@ -92,14 +92,13 @@ class RunDir:
         try:
             os.makedirs(out_dir, exist_ok=True)
             self.lock = open(os.path.join(out_dir, '.lock'), 'a')
-        except OSError as e:
-            fail(f"cannot write to out_dir {out_dir}: {e.strerror}")
-        try:
             if fcntl is not None:
                 fcntl.flock(self.lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             fail(f"another run is training into {out_dir}: wait for it, or choose another "
                  "--out_dir")
+        except OSError as e:
+            fail(f"cannot write to out_dir {out_dir}: {e.strerror}")
         for tmp in glob.glob(os.path.join(glob.escape(out_dir), '*.tmp')):
             os.remove(tmp)  # a write's temporary file, left by a run killed (SIGKILL) in it
         if checkpoint is not None:  # resumed: the records past the checkpoint's step go
@@ -185,9 +184,8 @@ class RunDir:
     def catch_stop_signals(self):
         """SIGINT (Ctrl-C), SIGTERM (a scheduler), SIGUSR1 (SLURM: the time is nearly up) and
         SIGHUP (a lost terminal; nohup ignores it) set signum: the step finishes, saves, exits.
-        The same signal again is the same request (a job script forwarding what the scheduler
-        sent its whole group). A second Ctrl-C stops at once, a save under way removing its
-        temporary; but torchrun forwards every signal to each process once more."""
+        Again, a signal is the same request (a job script forwarding what the scheduler sent the
+        group), but a second Ctrl-C stops at once, unless torchrun forwarded it."""
         for name in ('SIGINT', 'SIGTERM', 'SIGUSR1', 'SIGHUP'):
             signum = getattr(signal, name, None)  # Windows has the first two only
             if signum is not None and signal.getsignal(signum) != signal.SIG_IGN:
