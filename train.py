@@ -13,6 +13,7 @@ bookkeeping.py keeps them whole (and refuses to replace an earlier run unasked).
 import ctypes
 import math
 import os
+import shlex
 import sys
 import time
 from contextlib import nullcontext
@@ -24,7 +25,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from bookkeeping import RunDir, Stop, say
+from bookkeeping import RunDir, say
 from configurator import configure, fail, or_fail
 from lime import GPT, GPTConfig, load_checkpoint
 from prepare import (BYTES_VOCAB, Batches, data_tokenizer, nats_and_bytes, prepare_if_default,
@@ -80,7 +81,6 @@ device = 'cuda' if torch.cuda.is_available() else 'cpu'  # 'cpu', 'cuda' or 'cud
 dtype = 'bfloat16'  # 'bfloat16' (autocast) or 'float32'; on a CPU the default is float32
 compile = True  # torch.compile the model; on a CPU the default is False
 checkpoint_blocks = False  # activation checkpointing: recompute each block, for less memory
-fused = False  # LIMe's mix by kernels/memory.py (faster on a CPU at depth), not lime.py's own
 peak_flops = 989e12  # for MFU: bf16 dense peak of one device (H100 SXM)
 seed = 1337  # for the initial weights
 # -----------------------------------------------------------------------------
@@ -102,7 +102,7 @@ config, given, autocast = configure(globals(), KEY_KINDS)
 # -----------------------------------------------------------------------------
 # resume: the run is the checkpoint's. What a machine may change (these keys, and the schedule's
 # and the logs' keys when given) is applied; a key that would make it another run is refused.
-MACHINE_KEYS = {'out_dir', 'init_from', 'overwrite', 'device', 'dtype', 'compile', 'fused',
+MACHINE_KEYS = {'out_dir', 'init_from', 'overwrite', 'device', 'dtype', 'compile',
                 'checkpoint_blocks', 'peak_flops'}
 RUN_KEYS = {'data_dir', 'batch_size', 'block_size', 'eval_iters', 'seed',
             *(f.name for f in fields(GPTConfig))}
@@ -149,11 +149,6 @@ model_keys = {f.name: config[f.name] for f in fields(GPTConfig)}
 if router != 'static' or memory != 'kv':
     model_keys['router_init'] = 'noisy'
 gptconf = model.config if checkpoint is not None else or_fail(GPTConfig, **model_keys)
-# fused is kernels/memory.py's mix of keys and values: v1's memory of hidden states has none, so
-# a preset's fused=True (config/depth_text.py) is left aside there, with a note.
-if fused and memory != 'kv' and router != 'none':
-    say("note: fused=True is a mix of keys and values: memory='hidden' mixes as lime.py does")
-    fused = config['fused'] = False
 
 # -----------------------------------------------------------------------------
 # setup: one process, or one per GPU under torchrun
@@ -224,14 +219,10 @@ if mc_interval:  # a multiple-choice task, scored during training: lab/evaluate.
 
 # -----------------------------------------------------------------------------
 # model and optimizer
-run = RunDir(config, master, checkpoint)  # out_dir: log.txt and ckpt.pt
 if checkpoint is None:
     model = GPT(gptconf)
 model.to(device).train()
 model.checkpoint_blocks = checkpoint_blocks  # how to run, not what: not saved with the model
-if fused:  # faster code for the same numbers, asked for by name (kernels/__init__.py)
-    import kernels
-    or_fail(kernels.install, model, device, getattr(torch, dtype))
 optimizer = model.configure_optimizers(weight_decay, learning_rate, router_lr, (beta1, beta2),
                                        fused=device_type == 'cuda')
 base_lrs = [group['lr'] for group in optimizer.param_groups]  # the schedule scales each of these
@@ -248,10 +239,10 @@ if checkpoint is not None:
     if device_type == 'cuda' and checkpoint['rng']['cuda'] is not None:
         torch.cuda.set_rng_state(checkpoint['rng']['cuda'])
     or_fail(train_batches.restore, checkpoint['data'])
-    say(f"resumed from {run.ckpt_path} at step {step}")
+    say(f"resumed from {config['out_dir']}/ckpt.pt at step {step}")
 say(f"model: {model.num_params() / 1e6:.2f}M parameters, router={gptconf.router}")
-run.claim({'config': config, 'params': model.num_params(),
-           'flops_per_token': model.flops_per_token()})
+run = RunDir(config, {'config': config, 'params': model.num_params(),  # out_dir's files
+                      'flops_per_token': model.flops_per_token()}, checkpoint)
 checkpoint = None  # free the memory
 
 raw_model = model  # the model itself: its state dict is what checkpoints hold
@@ -281,10 +272,10 @@ def stop_signal():
     stops at the same step, on the signal any of them got: asked at the log steps only, as the
     all_reduce waits for the device."""
     if not ddp:
-        return stop.signum
+        return run.signum
     if step % log_interval and step != max_iters:
         return 0
-    signum = torch.tensor(stop.signum, device=device)
+    signum = torch.tensor(run.signum, device=device)
     dist.all_reduce(signum, op=dist.ReduceOp.MAX)
     return signum.item()
 
@@ -327,7 +318,7 @@ def evaluate():
 # -----------------------------------------------------------------------------
 # training loop
 start_step = step
-stop = Stop(ddp, run.kept)  # from here a stop signal ends the run after its step, saved
+run.catch_stop_signals()  # from here a stop signal ends the run after its step, saved
 window_start = time.time()  # steps are timed over the window since the last log line
 window_steps = 0
 while True:
@@ -345,7 +336,6 @@ while True:
             line += f" | {mc.name} acc {acc:.4f} acc_norm {acc_norm:.4f}"
             record.update(mc_acc=acc, mc_acc_norm=acc_norm)
         say(line)
-        run.evaluated_at(step, val_loss)
         run.write(record)
         if step > start_step:
             run.save(raw_model, optimizer, train_batches, step)
@@ -381,8 +371,6 @@ while True:
     if step % log_interval == 0 or step == max_iters:
         train_loss = sum_over_processes(loss_sum.item() / accum_steps) / world_size  # waits for GPU
         grad_norm = grad_norm.item()
-        run.check_finite(train_loss, 'the training loss', step)
-        run.check_finite(grad_norm, 'the gradient norm', step)  # the weights come next
         seconds_per_step = (time.time() - window_start) / window_steps
         tokens_per_sec = tokens_per_step / seconds_per_step
         lr = base_lrs[0] * factor
@@ -401,12 +389,9 @@ while True:
         window_start = time.time()
         window_steps = 0
     if (signum := stop_signal()) and step < max_iters:  # (the last step saves as always)
-        unsaved = run.save(raw_model, optimizer, train_batches, step, stopping=True)
-        if ddp:
-            dist.barrier()  # rank 0 may still be saving
-            dist.destroy_process_group()
-        run.stop(signum, step, unsaved)
+        run.stop(signum, raw_model, optimizer, train_batches, step)
 
 if ddp:
     dist.barrier()  # rank 0 may still be saving: tearing down under it can abort (SIGABRT) a run
     dist.destroy_process_group()
+say(f"next: python sample.py {shlex.quote(f'--out_dir={out_dir}')}")

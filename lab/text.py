@@ -171,8 +171,8 @@ def train_command(run_dir, n_steps, layers, router, lr, x, seed, init):
     its checkpoint), or from scratch."""
     if os.path.exists(os.path.join(run_dir, 'ckpt.pt')):
         return [sys.executable, 'train.py', '--init_from=resume', f'--out_dir={run_dir}']
-    # paper v1's routers: the hidden-state memory, which kernels/memory.py does not mix
-    v1 = ['--memory=hidden', '--fused=False'] if router.endswith('-v1') else []
+    # paper v1's routers: the hidden-state memory
+    v1 = ['--memory=hidden'] if router.endswith('-v1') else []
     return [sys.executable, 'train.py', preset, *v1, f'--out_dir={run_dir}', '--overwrite=True',
             f'--seed={seed}', f'--data_dir={data_dir}', f'--n_layer={layers}',
             f"--router={router.removesuffix('-v1')}",
