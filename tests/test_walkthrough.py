@@ -1,8 +1,7 @@
 """
 Tests for docs/walkthrough.md: every Python block runs, in order, in one namespace, as a student
 types them at the prompt from the repo root, echoing nothing and printing what the notebook holds;
-the page points at code by name, names that exist; its figure is drawn from its Mermaid source and
-shown in the README too; its notebooks hold its cells: the teacher's, docs/walkthrough.ipynb,
+the page points at code by name, names that exist; its notebooks hold its cells: the teacher's, docs/walkthrough.ipynb,
 with their outputs, which a run in a Jupyter kernel gives again (where the notebook's packages are
 installed); the student's, docs/walkthrough_student.ipynb, with no output, and no result of a
 block in sight before its answer's fold.
@@ -25,14 +24,12 @@ import torch
 import lime
 from baselines import hyper_connections
 from exercises import load
-from lab.dataflow import source_hash
 from lab.notebook import cells, split_results
 
 ROOT = Path(__file__).resolve().parents[1]
 WALKTHROUGH = ROOT / 'docs' / 'walkthrough.md'
 NOTEBOOK = ROOT / 'docs' / 'walkthrough.ipynb'
 STUDENT_NOTEBOOK = ROOT / 'docs' / 'walkthrough_student.ipynb'
-FIGURE = ROOT / 'assets' / 'data_flow.png'
 NOTEBOOK_PACKAGES = ['nbformat', 'nbclient', 'ipykernel', 'matplotlib']
 MISSING_PACKAGES = [name for name in NOTEBOOK_PACKAGES if importlib.util.find_spec(name) is None]
 STUDENT_COMMAND = 'LIME_EXERCISES=exercises/student.py python -m pytest -q tests/test_exercises.py'
@@ -189,36 +186,6 @@ def test_readme_gives_the_students_path():
     readme = (ROOT / 'README.md').read_text()
     assert 'docs/walkthrough.md' in readme and STUDENT_COMMAND in readme
     assert STUDENT_COMMAND in WALKTHROUGH.read_text()
-
-
-def mermaid(text):
-    return re.findall(r'^```mermaid\n(.*?)^```', text, re.M | re.S)
-
-
-def png_text(path):
-    """{key: text} of a PNG's tEXt chunks (what matplotlib's savefig metadata writes)."""
-    data, pos, found = path.read_bytes(), 8, {}
-    while pos < len(data):
-        length, kind = struct.unpack('>I4s', data[pos:pos + 8])
-        if kind == b'tEXt':
-            key, _, value = data[pos + 8:pos + 8 + length].partition(b'\0')
-            found[key.decode('latin-1')] = value.decode('latin-1')
-        pos += 12 + length  # length, kind, the data, its CRC
-    return found
-
-
-def test_the_data_flow_figure_is_drawn_from_the_pages_mermaid_and_shown_in_the_readme():
-    page, readme = WALKTHROUGH.read_text(), (ROOT / 'README.md').read_text()
-    figure = mermaid(page)
-    assert len(figure) == 1 and not mermaid(readme)  # one source: the page's
-    assert '](../assets/data_flow.png)' in page and '](assets/data_flow.png)' in readme
-    drawn_from = png_text(FIGURE).get('Description', '')
-    assert drawn_from.endswith(f"sha256 {source_hash(figure[0])}"), \
-        "assets/data_flow.png is not drawn from the page's Mermaid figure: python -m lab.dataflow"
-    # The figure names the code it draws, which must still be there.
-    model = (ROOT / 'lime.py').read_text()
-    for name in ('attn_norm', 'q_proj', 'kv_proj', 'memory[self.layer_idx]', 'o_proj', 'KVCache'):
-        assert name in figure[0] and name in model, name
 
 
 def check_attachments(notebook):
