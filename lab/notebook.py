@@ -1,16 +1,14 @@
 """
-notebook.py: the walkthrough's two notebooks, written from docs/walkthrough.md (its text and its
-Python blocks, cell by cell, its images attached): the teacher's, docs/walkthrough.ipynb, run in a
-Jupyter kernel, with what each block printed and drew; the student's, walkthrough_student.ipynb,
-with no outputs and each block's results in the folded answer below it. Edit the page, then, from
-the repo root (the notebook packages are for maintainers only):
+notebook.py: docs/walkthrough.md's notebooks, its text and Python blocks cell by cell, its images
+attached: the teacher's, run in a Jupyter kernel, with what each block printed and drew; the
+student's, each block's results in the folded answer below it. Edit the page, then, from the repo
+root, with the maintainers' packages (pip install nbformat nbclient ipykernel matplotlib):
 
-    pip install nbformat nbclient ipykernel matplotlib && python -m lab.notebook
+    python -m lab.notebook
 """
 import base64
 import re
-
-from configurator import fail
+from pathlib import Path
 
 ANSWER = '<details><summary>Answer</summary>\n\n'  # how each answer's fold opens
 RESULTS = ("What the block printed here, and what it asserts (run that too):\n\n"
@@ -28,28 +26,25 @@ def page_cells(text, edition='teacher'):
     the student's edition each block's results open the answer after it."""
     parts = re.split(r'^```python\n(.*?)^```\n', text, flags=re.M | re.S)  # text, code, text, ...
     found = [['code' if i % 2 else 'markdown', part.strip('\n')] for i, part in enumerate(parts)]
-    for i in range(1, len(found) - 1, 2):  # each block, and the text after it
-        if edition == 'student':
-            found[i][1], results = split_results(found[i][1])
-            if results:  # tests/test_walkthrough.py checks that an answer follows
-                shown = RESULTS.format('\n'.join(results))
-                found[i + 1][1] = found[i + 1][1].replace(ANSWER, ANSWER + shown, 1)
+    for i in range(1, len(found) - 1, 2) if edition == 'student' else []:  # block, text after
+        found[i][1], results = split_results(found[i][1])
+        if results:  # tests/test_handout.py checks that an answer follows to hold them
+            shown = RESULTS.format('\n'.join(results))
+            found[i + 1][1] = found[i + 1][1].replace(ANSWER, ANSWER + shown, 1)
     return [(kind, source) for kind, source in found if source]
 
 
 def split_results(code):
-    """(the code without its results, the result lines): what a print shows, in the comment on
-    its line or in the comment lines after it (the print given with them), and each top-level
-    assert."""
+    """(the code without its results, the results): what a print shows, in the comment on its line
+    or in the comment lines after it (the print given with them), and each top-level assert."""
     kept, results = [], []
     for line in code.split('\n'):
-        text = line.strip()
         if line.startswith('assert '):
             results.append(line)
-        elif text.startswith('#') and kept and kept[-1].lstrip().startswith('print('):
-            results += [kept[-1].strip()] * (kept[-1].strip() not in results) + [text]
-        elif text.startswith('print(') and '  # ' in line:
-            results.append(text)
+        elif line.lstrip().startswith('#') and kept and kept[-1].lstrip().startswith('print('):
+            results += [kept[-1].strip()] * (kept[-1].strip() not in results) + [line.strip()]
+        elif line.lstrip().startswith('print(') and '  # ' in line:
+            results.append(line.strip())
             kept.append(line[:line.index('  # ')])
         else:
             kept.append(line)
@@ -70,13 +65,10 @@ def student_page(text):
 
 
 if __name__ == '__main__':
-    try:
-        import nbformat
-        from nbclient import NotebookClient
-    except ImportError as e:
-        fail(f"the notebooks need {e.name}: pip install nbformat nbclient ipykernel matplotlib")
-    with open('docs/walkthrough.md') as f:
-        text = f.read()
+    import nbformat  # for maintainers only: the rest of the repo runs without them
+    from nbclient import NotebookClient
+
+    text = Path('docs/walkthrough.md').read_text()
     for edition, path in (('teacher', 'docs/walkthrough.ipynb'),
                           ('student', 'docs/walkthrough_student.ipynb')):
         kernel = {'name': 'python3', 'display_name': 'Python 3'}
@@ -84,11 +76,10 @@ if __name__ == '__main__':
         for i, (kind, source) in enumerate(cells(text, edition)):
             nb.cells.append(getattr(nbformat.v4, f'new_{kind}_cell')(source, id=f'cell-{i}'))
             for name in re.findall(r'\(attachment:([\w.-]+\.png)\)', source):
-                with open(f'assets/{name}', 'rb') as f:
-                    image = {'image/png': base64.b64encode(f.read()).decode()}
-                nb.cells[-1].setdefault('attachments', {})[name] = image
+                image = base64.b64encode(Path(f'assets/{name}').read_bytes()).decode()
+                nb.cells[-1].setdefault('attachments', {})[name] = {'image/png': image}
         if edition == 'teacher':  # run beside the notebook, where Jupyter starts
             NotebookClient(nb, timeout=600, kernel_name='python3', coalesce_streams=True,
-                           resources={'metadata': {'path': 'docs'}}).execute()
+                           record_timing=False, resources={'metadata': {'path': 'docs'}}).execute()
         nbformat.write(nb, path)
         print(f"wrote {path}: {len(nb.cells)} cells")
