@@ -1,8 +1,7 @@
 """
-Typical wrong answers to the exercises, near misses of exercises/answers.py, and answers that hand
-the work to the lime.py code their exercise rebuilds. tests/test_exercises.py runs the checks on
-each, which must reject it in one line that names its mistake: a check that cannot fail proves
-nothing. A student's copy (python -m lab.handout) leaves this file out, and those tests skip.
+Typical wrong answers to the exercises, and answers that hand the work to the lime.py code their
+exercise rebuilds: tests/test_exercises.py's checks must reject each in one line that names its
+mistake (a check that cannot fail proves nothing). A student's copy leaves this file out.
 """
 import types
 
@@ -21,8 +20,7 @@ def mix(R, memory, heads='gmh'):
 
 
 def cost(config, layer_idx, sides=2, head_size=None):
-    """router_cost, right but for what the arguments change: the mix covers sides of the keys and
-    values, in heads head_size wide."""
+    """router_cost, right but where the mix covers sides of (keys, values) or heads are wider."""
     G, S = config.n_kv_head, layer_idx + 1
     hs = head_size or config.n_embd // config.n_head
     if config.router == 'none' or layer_idx == 0:
@@ -51,9 +49,10 @@ def keep_every_tie(weights, p):
     return ((share[..., None, :] * larger).sum(-1) < p).to(weights.dtype)
 
 
-def attend(attn, h, rotary, memory, past, gqa=True, transpose_kv=True, rope_first=False):
-    """cached_attention, right but for what the arguments change: grouped-query attention, k and
-    v moved to (B, G, T, hs) as q is, RoPE on the keys before they go into the memory."""
+def attend(attn, h, rotary, memory, past, gqa=True, route=True, transpose_kv=True,
+           rope_first=False):
+    """cached_attention, right but for what the arguments change: grouped-query attention, the
+    router, k and v moved to (B, G, T, hs) as q is, RoPE on the keys before the memory."""
     B, T, _ = h.shape
     pos = 0 if past is None else past[0].size(2 if transpose_kv else 1)
     q = rotary(attn.q_proj(h).view(B, T, attn.n_head, attn.head_size), pos).transpose(1, 2)
@@ -62,7 +61,7 @@ def attend(attn, h, rotary, memory, past, gqa=True, transpose_kv=True, rope_firs
         kv = torch.stack((rotary(kv[:, :, 0], pos), kv[:, :, 1]), dim=2)
     if memory is not None:
         memory[attn.layer_idx] = kv
-    if attn.router is not None:
+    if attn.router is not None and route:
         kv = attn.router(h, memory[:attn.layer_idx + 1])
     k, v = kv.unbind(dim=2)
     if not rope_first:
@@ -74,15 +73,6 @@ def attend(attn, h, rotary, memory, past, gqa=True, transpose_kv=True, rope_firs
         k, v = torch.cat((past[0], k), dim=time), torch.cat((past[1], v), dim=time)
     y = F.scaled_dot_product_attention(q, k, v, enable_gqa=gqa)
     return attn.o_proj(y.transpose(1, 2).reshape(B, T, -1)), (k, v)
-
-
-def cache_own(attn, h, rotary, memory, past):
-    """Attends as it should, but caches the layer's own keys and values, not the routed ones."""
-    y, _ = attend(attn, h, rotary, memory, past)
-    pos = 0 if past is None else past[0].size(2)
-    k, v = attn.kv_proj(h).view(*h.shape[:2], 2, attn.n_kv_head, attn.head_size).unbind(dim=2)
-    own = rotary(k, pos).transpose(1, 2), v.transpose(1, 2)
-    return y, own if past is None else tuple(torch.cat(kv, dim=2) for kv in zip(past, own))
 
 
 def restricted(sources, pruned=True):
@@ -144,8 +134,8 @@ MISTAKES = {
     'top-p in float32': ('top_p_mask', lambda w, p: top_p(w, p, dtype=torch.float32),
                          "returns torch.float32, not the weights' dtype"),
     'top-p by lime': ('top_p_mask', lime.top_p_mask, "calls lime.py's top_p_mask"),
-    'cache of own keys': ('cached_attention', cache_own,
-                          "the cache holds the layer's own keys, not its router's"),
+    'router left out': ('cached_attention', lambda *args: attend(*args, route=False),
+                        "the cache holds the layer's own keys, not its router's"),
     'attention without gqa': ('cached_attention', lambda *args: attend(*args, gqa=False),
                               "grouped-query attention is forgotten"),
     'k and v not transposed': ('cached_attention', lambda *args: attend(*args, transpose_kv=False),

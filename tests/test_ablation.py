@@ -1,8 +1,6 @@
 """
-exercises/ablation.py, exercise 6's experiment: every router of a seed starts from the same other
-weights; a tiny run trains each router at each seed and prints the table; a router not written
-yet, or a file not there, stops it in one line before any data or training. The runs train the
-repo's answer, named on the command line, and skip in a student's copy, which has none.
+exercises/ablation.py: a seed's routers start from the same other weights; a tiny run trains the
+repo's answer and prints the table; an unwritten router, or no file, stops it before any data.
 """
 import pytest
 import torch

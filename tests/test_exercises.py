@@ -1,11 +1,8 @@
 """
-The exercises' checks (exercises/checks.py), each comparing an answer with lime.py's own code: by
-default on the repo's answers (exercises/answers.py), with LIME_EXERCISES on another file, a
-student's; and on tests/exercise_mistakes.py's wrong answers, each of which its check must reject
-in one line that names its mistake. A student's copy (python -m lab.handout) has neither
-answers.py nor the wrong answers: the tests that need them skip there, saying why.
-
-    LIME_EXERCISES=exercises/student.py python -m pytest -q tests/test_exercises.py -k static_mix
+The exercises' checks (exercises/checks.py): on the repo's answers, or with LIME_EXERCISES on a
+student's file (-k NAME: one exercise's); and on tests/exercise_mistakes.py's wrong answers, each
+of which its check must reject in one line that names its mistake. A student's copy (python -m
+lab.handout) has neither those nor the answers: the tests that need them skip there.
 """
 import inspect
 import os
@@ -88,10 +85,8 @@ def test_an_answer_that_raises_is_told_what_and_where_in_one_line(tmp_path):
     assert '\n' not in message
 
 
+@pytest.mark.skipif(not ANSWERS.is_file(), reason=f"exercises/answers.py {NOT_IN_THIS_COPY}")
 def test_student_file_has_each_exercise_with_the_answers_signature():
-    if not ANSWERS.is_file():
-        pytest.skip(f"exercises/answers.py {NOT_IN_THIS_COPY}: this test compares student.py "
-                    "with it")
     answers, student = load(ANSWERS), load('exercises/student.py')
     for name in EXERCISES:
         assert inspect.signature(getattr(student, name)) == inspect.signature(
