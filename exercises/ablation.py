@@ -8,9 +8,8 @@ From the repo root; with the defaults, 9 runs of about a CPU minute each:
     LIME_EXERCISES=exercises/student.py python -m exercises.ablation
     python -m exercises.ablation --k=4 --routers=none,all,first,last   # the repo's answer
 
-Every model of one seed starts from the same weights (its routers aside) and sees the same
-batches, so a difference within a seed is the routers'. The table gives each router's mean and
-spread over seeds, and its difference from the full router seed by seed: read them side by side
+A seed's models start from the same weights (routers aside) and see the same batches, so a
+difference within a seed is the routers'. Read it beside the spread over seeds in the table
 (docs/walkthrough.md, section 10, says what to expect and has a run of it).
 """
 import math
@@ -93,16 +92,15 @@ def train(model, val_tokens, byte_lengths):
     """Trains model for max_iters steps; its validation bits per byte."""
     batches = or_fail(Batches, data_dir, batch_size, block_size, vocab_size=BYTES_VOCAB)
     optimizer = model.configure_optimizers(weight_decay, learning_rate, router_lr)
-    base_lrs = [group['lr'] for group in optimizer.param_groups]
-    for step in range(max_iters):
-        for group, lr in zip(optimizer.param_groups, base_lrs):
-            group['lr'] = lr * lr_factor(step)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)  # each group's lr times it
+    for _ in range(max_iters):
         x, y = batches.next()
         _, loss = model(torch.from_numpy(x), torch.from_numpy(y))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+        schedule.step()
     model.eval()
     bpb, _ = bits_per_byte(model, val_tokens, byte_lengths, block_size, batch_size, 'cpu',
                            nullcontext())
@@ -141,6 +139,7 @@ def main():
           f"{windows * block_size:,} targets of {data_dir}), k = {k}; lower is better")
     # Bits per byte differ as log-perplexities do: d apart is a per-byte perplexity ratio of 2 ** d.
     print('\n'.join(seed_table(results, baseline='all' if 'all' in names else None)))
+
 
 if __name__ == '__main__':
     main()

@@ -70,8 +70,6 @@ def weights_read(mix, G, S):
 
 
 # Exercise 1: static_mix
-
-
 def check_static_mix(static_mix):
     # One layer, then one head, then both: R's column order only matters with several of each.
     B, T, hs = 2, 5, 4
@@ -121,8 +119,6 @@ def static_mix_mistake(static_mix, R, G, S, keys, values):
 
 
 # Exercise 2: dynamic_probs
-
-
 def check_dynamic_probs(dynamic_probs):
     B, T, D = 2, 6, 16
     for G, S in ((1, 4), (2, 3), (4, 2)):
@@ -169,20 +165,16 @@ def softmax_mistake(got):
 def probs_mistake(got, proj, h, G, S):
     """Why probabilities that sum to 1 are still wrong: the likeliest cause these inputs leave."""
     B, T, _ = h.shape
-    with torch.no_grad():
-        if close(got, (h @ proj.weight.t()).view(B, T, G, S).softmax(-1)):
-            return ("they are the softmax of proj's weights times h, without proj's bias: call "
-                    "proj(h)")
-        # With one head the order of proj's outputs cannot be what is wrong.
-        if G > 1 and close(got, proj(h).view(B, T, S, G).transpose(2, 3).softmax(-1)):
-            return ("proj's outputs are read layer by layer (m * G + g), but they go head by "
-                    "head: output g * S + m is head g's logit for source layer m")
+    if close(got, (h @ proj.weight.t()).view(B, T, G, S).softmax(-1)):
+        return "they are the softmax of proj's weights times h, without proj's bias: call proj(h)"
+    # With one head the order of proj's outputs cannot be what is wrong.
+    if G > 1 and close(got, proj(h).view(B, T, S, G).transpose(2, 3).softmax(-1)):
+        return ("proj's outputs are read layer by layer (m * G + g), but they go head by head: "
+                "output g * S + m is head g's logit for source layer m")
     return "compare with the docstring: a softmax over proj(h), one logit per source layer"
 
 
 # Exercise 3: router_cost
-
-
 def lime_router_cost(config, layer_idx):
     """lime.py's count for the router of layer layer_idx: its parameters, and what it adds to
     GPT.flops_per_token (the model up to that layer less the model up to the one before)."""
@@ -211,11 +203,9 @@ def check_router_cost(router_cost):
                     raise Wrong(f"{what} returned {got!r}, not a pair (parameters, flops)")
                 params, flops = lime_router_cost(config, layer_idx)
                 if got[0] != params:
-                    hint = ''
-                    if router == 'dynamic' and got[0] == params - n_kv_head * (layer_idx + 1):
-                        hint = ": proj's bias, G * S numbers, is left out"
-                    raise Wrong(f"{what}: {got[0]} parameters, but the router holds {params}"
-                                f"{hint}")
+                    bias = router == 'dynamic' and got[0] == params - n_kv_head * (layer_idx + 1)
+                    hint = ": proj's bias, G * S numbers, is left out" if bias else ''
+                    raise Wrong(f"{what}: {got[0]} parameters, but the router holds {params}{hint}")
                 if got[1] != flops:
                     raise Wrong(f"{what}: {got[1]} FLOPs per token, but GPT.flops_per_token adds "
                                 f"{flops} for this router"
@@ -236,8 +226,6 @@ def flops_mistake(got, flops, config, layer_idx):
 
 
 # Exercise 4: top_p_mask
-
-
 def check_top_p_mask(top_p_mask):
     weights = 5 * torch.rand(6, 3, 7) ** 3 + 1e-3  # skewed, distinct; rows do not sum to 1
     share = weights / weights.sum(-1, keepdim=True)
@@ -390,7 +378,7 @@ class Decoder:
             self.running.discard(layer)
         own = None  # the new token's own keys and values after RoPE, where the layer routes
         if memory is not None:
-            self.check_memory(where, attn, h, rotary, memory)
+            self.check_memory(where, attn, h, memory)
             k, v = memory[layer].unbind(dim=2)
             own = {'k': rotary(k, pos).transpose(1, 2), 'v': v.transpose(1, 2)}
         check_shape(f"{where}: its output", y, (h.size(0), 1, self.cfg.n_embd), "(B, 1, D)")
@@ -414,7 +402,7 @@ class Decoder:
                     f"entries of layers 0..{layer}: memory[:attn.layer_idx + 1]")
         return f"it raised {said}"
 
-    def check_memory(self, where, attn, h, rotary, memory):
+    def check_memory(self, where, attn, h, memory):
         """The memory entry the answer set must be the layer's raw keys/values, as lime.py's
         forward sets it: later layers' routers mix them before RoPE."""
         layer = attn.layer_idx
@@ -422,10 +410,8 @@ class Decoder:
             raise Wrong(f"{where}: afterwards the memory has no entry for layer {layer}: set "
                         "memory[attn.layer_idx] to this layer's raw keys/values (later layers "
                         "read it)")
-        lime_memory = list(memory)
-        lime_memory[layer] = None
-        CausalSelfAttention.forward(attn, h, rotary, lime_memory)  # sets the raw entry
-        got, raw = memory[layer], lime_memory[layer]
+        got = memory[layer]
+        raw = attn.kv_proj(h).view(*h.shape[:2], 2, attn.n_kv_head, attn.head_size)  # as lime.py's
         check_shape(f"{where}: its memory entry", got, raw.shape, "(B, 1, 2, G, hs), as kv_proj's")
         if close(got, raw):
             return
@@ -518,13 +504,11 @@ def check_RestrictedRouter(RestrictedRouter):
                         "own layer's columns last)")
         check_restricted_mix(what, router, config, sources, G)
     # Top-p, last: the pruned weights would hide which layers a router reads.
-    G, layer_idx, k, which = 2, 5, 2, 'last'
-    config = GPTConfig(n_layer=layer_idx + 1, n_head=G, n_embd=8 * G, router_top_p=0.5)
-    router = RestrictedRouter(config, layer_idx, k, which)
+    config = GPTConfig(n_layer=6, n_head=2, n_embd=16, router_top_p=0.5)
+    router = RestrictedRouter(config, 5, 2, 'last')
     router.reset_parameters()
-    what = (f"RestrictedRouter(config, {layer_idx}, k={k}, which={which!r}) with G={G} and "
-            "router_top_p=0.5")
-    check_restricted_mix(what, router, config, SOURCES[G, layer_idx, k, which], G)
+    what = "RestrictedRouter(config, 5, k=2, which='last') with G=2 and router_top_p=0.5"
+    check_restricted_mix(what, router, config, SOURCES[2, 5, 2, 'last'], 2)
 
 
 def check_restricted_mix(what, router, config, sources, G):
@@ -556,9 +540,8 @@ def check_restricted_mix(what, router, config, sources, G):
 # Running a check
 
 CHECKS = {name: globals()[f'check_{name}'] for name in EXERCISES}
-# What each exercise rebuilds of lime.py. An answer that calls it, imported under any name or
-# reached through a router or model the answer builds, would pass with lime.py's own numbers and
-# teach nothing: the check refuses it. (Exercise 6 builds on StaticRouter, as it is meant to.)
+# What each exercise rebuilds of lime.py: an answer that calls it, however reached, would pass
+# with lime.py's numbers and teach nothing. (Exercise 6 builds on StaticRouter, as meant to.)
 REBUILT = {'static_mix': [StaticRouter.forward],
            'dynamic_probs': [DynamicRouter.mix_weights, DynamicRouter.forward],
            'router_cost': [GPT.num_params, GPT.flops_per_token],
