@@ -1,10 +1,8 @@
 """
 notebook.py: docs/walkthrough.md's notebooks, its text and Python blocks cell by cell, its images
 attached: the teacher's, run in a Jupyter kernel, with what each block printed and drew; the
-student's, each block's results in the folded answer below it. Edit the page, then, from the repo
-root, with the maintainers' packages (pip install nbformat nbclient ipykernel matplotlib):
-
-    python -m lab.notebook
+student's, each block's results in the folded answer below it. After an edit of the page, run
+`python -m lab.notebook` from the repo root (pip install nbformat nbclient ipykernel matplotlib).
 """
 import base64
 import re
@@ -14,11 +12,9 @@ ANSWER = '<details><summary>Answer</summary>\n\n'  # how each answer's fold open
 RESULTS = ("What the block printed here, and what it asserts (run that too):\n\n"
            "```python\n{}\n```\n\n")
 SETUP = """import os
-import sys
 
 if not os.path.exists('lime.py') and os.path.exists('../lime.py'):
-    os.chdir('..')  # Jupyter starts beside this notebook, in docs/; the code is in the repo root
-sys.path.insert(0, os.getcwd())  # import lime from the repo root"""
+    os.chdir('..')  # Jupyter starts beside this notebook, in docs/; lime.py is in the repo root"""
 
 
 def page_cells(text, edition='teacher'):
@@ -67,7 +63,6 @@ def student_page(text):
 if __name__ == '__main__':
     import nbformat  # for maintainers only: the rest of the repo runs without them
     from nbclient import NotebookClient
-
     text = Path('docs/walkthrough.md').read_text()
     for edition, path in (('teacher', 'docs/walkthrough.ipynb'),
                           ('student', 'docs/walkthrough_student.ipynb')):
