@@ -9,9 +9,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def load(path):
     """The Python file at path (relative to the working directory or to the repo root)."""
-    path = Path(path)
-    if not path.exists():
-        path = ROOT / path
+    path = Path(path) if Path(path).exists() else ROOT / path
     if not path.is_file():
         raise FileNotFoundError(f"no exercises file at {path}")
     spec = importlib.util.spec_from_file_location(f'exercises_{path.stem}', path)

@@ -134,9 +134,8 @@ def main():
             results[name][seed] = train(model, val_tokens, byte_lengths)
             print(f"seed {seed}, {name}: {results[name][seed]:.4f} bits per byte", flush=True)
 
-    windows = (len(val_tokens) - 1) // block_size
-    print(f"\nvalidation bits per byte after {max_iters} steps ({n_layer} layers, width {n_embd}; "
-          f"{windows * block_size:,} targets of {data_dir}), k = {k}; lower is better")
+    print(f"\nvalidation bits per byte after {max_iters} steps ({n_layer} layers, width {n_embd}, "
+          f"k = {k}, on {data_dir}); lower is better")
     # Bits per byte differ as log-perplexities do: d apart is a per-byte perplexity ratio of 2 ** d.
     print('\n'.join(seed_table(results, baseline='all' if 'all' in names else None)))
 

@@ -1,9 +1,6 @@
 """
-The repo's answers to the exercises of exercises/student.py, whose docstrings state them, kept
-apart from the file students fill in. tests/test_exercises.py checks this file by default, and a
-student's file with LIME_EXERCISES=exercises/student.py:
-
-    python -m pytest -q tests/test_exercises.py
+The repo's answers to the exercises of exercises/student.py (whose docstrings state them), kept
+apart from the file students fill in; tests/test_exercises.py checks this file by default.
 """
 import torch
 import torch.nn as nn

@@ -93,8 +93,7 @@ def check_static_mix(static_mix):
 def static_mix_mistake(static_mix, R, G, S, keys, values):
     """What a mix that differs from StaticRouter.forward's gets wrong, read off its weights."""
     right = R.detach().view(G, S, G)  # [g, m, h]: output head g, head h of layer m
-    no_layer_0 = right.clone()
-    no_layer_0[:, 0] = 0
+    no_layer_0 = right * (torch.arange(S) > 0).view(1, S, 1)  # layer 0's weights zeroed
     mistakes = [
         (right.permute(2, 1, 0), "each layer's (G, G) block of R is transposed: R[g, m * G + h] "
                                  "is the weight of head h in output head g, not of head g in h"),
@@ -176,18 +175,16 @@ def probs_mistake(got, proj, h, G, S):
 
 # Exercise 3: router_cost
 def lime_router_cost(config, layer_idx):
-    """lime.py's count for the router of layer layer_idx: its parameters, and what it adds to
-    GPT.flops_per_token (the model up to that layer less the model up to the one before)."""
-    def routing_flops(n_layer):  # what the routers of layers 0..n_layer-1 add
-        if n_layer == 0:
-            return 0
-        lime_model = GPT(dataclasses.replace(config, n_layer=n_layer))
-        base = GPT(dataclasses.replace(config, n_layer=n_layer, router='none'))
-        return lime_model.flops_per_token() - base.flops_per_token()
+    """lime.py's count for layer layer_idx's router: its parameters, and what it adds to
+    GPT.flops_per_token (the model up to it less the model before it, each less its baseline)."""
+    def flops(n_layer, router):
+        return GPT(dataclasses.replace(config, n_layer=n_layer, router=router)).flops_per_token()
 
     router = CausalSelfAttention(config, layer_idx).router
     params = sum(p.numel() for p in router.parameters()) if router is not None else 0
-    return params, routing_flops(layer_idx + 1) - routing_flops(layer_idx)
+    upto = flops(layer_idx + 1, config.router) - flops(layer_idx + 1, 'none')
+    before = flops(layer_idx, config.router) - flops(layer_idx, 'none') if layer_idx else 0
+    return params, upto - before
 
 
 def check_router_cost(router_cost):
@@ -300,12 +297,6 @@ def check_zeros_and_ones(what, got):
 
 
 # Exercise 5: cached_attention
-
-# Weights larger than the init's (std 0.02) make attention and routing peaked: a wrong cache or
-# position then moves the logits by more than 0.1, while rounding stays near 1e-5.
-WEIGHT_STD = 0.3
-
-
 def check_cached_attention(cached_attention):
     # The plain model first, without and then with grouped-query attention: if it fails there,
     # the attention itself is wrong, not the routing.
@@ -315,9 +306,11 @@ def check_cached_attention(cached_attention):
                            n_embd=32, router=router)
         model = GPT(config).eval()
         with torch.no_grad():
+            # Every matrix larger than the init's (std 0.02): attention and routing peaked, so a
+            # wrong cache or position moves the logits by more than 0.1, rounding by about 1e-5.
             for p in model.parameters():
-                if p.dim() == 2:  # every matrix: embeddings, projections, static routers
-                    p.normal_(0, WEIGHT_STD)
+                if p.dim() == 2:  # embeddings, projections, static routers
+                    p.normal_(0, 0.3)
             idx = torch.randint(0, 61, (2, 8))
             expected = model(idx)[0]  # a full forward pass, with lime.py's attention
             got = Decoder(cached_attention, model, router, right).logits(idx)
@@ -538,7 +531,6 @@ def check_restricted_mix(what, router, config, sources, G):
 
 
 # Running a check
-
 CHECKS = {name: globals()[f'check_{name}'] for name in EXERCISES}
 # What each exercise rebuilds of lime.py: an answer that calls it, however reached, would pass
 # with lime.py's numbers and teach nothing. (Exercise 6 builds on StaticRouter, as meant to.)
