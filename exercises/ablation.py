@@ -8,16 +8,12 @@ From the repo root; with the defaults, 9 runs of about a CPU minute each:
     LIME_EXERCISES=exercises/student.py python -m exercises.ablation
     python -m exercises.ablation --k=4 --routers=none,all,first,last   # the repo's answer
 
-Every model of one seed starts from the same weights (its routers aside) and sees the same
-batches, so a difference within a seed is the routers'. What to expect: the paper's 150M model
-reached 15.93 perplexity reading every layer, 15.96-15.99 reading the first 2, 4 or 6, and
-16.14-16.28 reading the last ones (LLaMA: 16.46): 0.2% and 1-2% apart. A few CPU minutes of a
-model this small may show no difference beyond the spread across seeds; the table gives both, so
-read them side by side (docs/walkthrough.md, section 10, has a run of it).
+A seed's models start from the same weights (routers aside) and see the same batches, so a
+difference within a seed is the routers'. Read it beside the spread over seeds in the table
+(docs/walkthrough.md, section 10, says what to expect and has a run of it).
 """
 import math
 import os
-import statistics
 from contextlib import nullcontext
 
 import torch
@@ -26,6 +22,7 @@ from configurator import configure, fail, or_fail
 from exercises import ROOT, load
 from exercises.checks import verdict
 from lab.evaluate import bits_per_byte
+from lab.plot import seed_table
 from lime import GPT, GPTConfig
 from prepare import BYTES_VOCAB, Batches, prepare_if_default, read_shard, shard_paths, token_bytes
 
@@ -50,24 +47,17 @@ min_lr = 3e-4
 ROUTERS = ('none', 'all', 'first', 'last')
 
 
-def restricted_router(names, on_the_command_line):
+def restricted_router():
     """The RestrictedRouter of the file exercises names, checked as tests/test_exercises.py checks
-    it, before any training: a router not written, or wrong, stops here in one line. None where
-    names has no restricted router."""
-    named_by = ('--exercises' if on_the_command_line else
-                'LIME_EXERCISES' if 'LIME_EXERCISES' in os.environ else None)
-    if named_by is None and not (ROOT / exercises).is_file():
+    it, before any training: a router not written, or wrong, stops here in one line."""
+    if exercises == 'exercises/answers.py' and not (ROOT / exercises).is_file():
         fail(f"{exercises}, the repo's answer, is not in this copy (a student's handout leaves it "
              "out): train yours with LIME_EXERCISES=exercises/student.py python -m "
              "exercises.ablation")
     try:
         module = load(exercises)
-    except FileNotFoundError as e:
-        fail(f"{named_by}={exercises}: {e}" if named_by else str(e))
-    except SyntaxError as e:
-        fail(f"{exercises}, line {e.lineno}: {e.msg}")
-    if not {'first', 'last'} & set(names):
-        return None
+    except (FileNotFoundError, SyntaxError) as e:
+        fail(f"{exercises}: {e}")
     wrong = verdict(module, 'RestrictedRouter', exercises)
     if wrong is not None:
         fail(f"{exercises}: RestrictedRouter (exercise 6): {wrong}; its check: "
@@ -102,29 +92,23 @@ def train(model, val_tokens, byte_lengths):
     """Trains model for max_iters steps; its validation bits per byte."""
     batches = or_fail(Batches, data_dir, batch_size, block_size, vocab_size=BYTES_VOCAB)
     optimizer = model.configure_optimizers(weight_decay, learning_rate, router_lr)
-    base_lrs = [group['lr'] for group in optimizer.param_groups]
-    for step in range(max_iters):
-        for group, lr in zip(optimizer.param_groups, base_lrs):
-            group['lr'] = lr * lr_factor(step)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)  # each group's lr times it
+    for _ in range(max_iters):
         x, y = batches.next()
         _, loss = model(torch.from_numpy(x), torch.from_numpy(y))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+        schedule.step()
     model.eval()
     bpb, _ = bits_per_byte(model, val_tokens, byte_lengths, block_size, batch_size, 'cpu',
                            nullcontext())
     return bpb
 
 
-def mean_std(values):
-    spread = f" ± {statistics.stdev(values):.4f}" if len(values) > 1 else ''
-    return f"{statistics.mean(values):.4f}{spread}"
-
-
 def main():
-    config, given, _ = configure(globals(), {
+    config, _, _ = configure(globals(), {
         'path': ['exercises', 'data_dir'], 'text': ['routers'],
         'positive': ['k', 'seeds', 'batch_size', 'max_iters', 'learning_rate'],
         'non-negative': ['router_lr', 'weight_decay', 'warmup_iters', 'min_lr']})
@@ -135,7 +119,7 @@ def main():
     if k >= n_layer - 1:
         fail(f"k={k}: with n_layer={n_layer} every layer has at most {n_layer - 1} earlier ones, "
              "so a restricted router would read them all")
-    RestrictedRouter = restricted_router(names, 'exercises' in given)
+    RestrictedRouter = restricted_router() if {'first', 'last'} & set(names) else None
     prepare_if_default(data_dir)
     val_tokens = or_fail(read_shard, or_fail(shard_paths, data_dir, 'val')[0], BYTES_VOCAB)
     byte_lengths, why = token_bytes(BYTES_VOCAB, data_dir)
@@ -143,30 +127,17 @@ def main():
         fail(f"{data_dir}: {why}")
     byte_lengths = torch.from_numpy(byte_lengths)
 
-    results = {name: [] for name in names}
+    results = {name: {} for name in names}
     for seed in range(1, seeds + 1):
         for name in names:
             model = build(name, seed, RestrictedRouter)
-            results[name].append(train(model, val_tokens, byte_lengths))
-            print(f"seed {seed}, {name}: {results[name][-1]:.4f} bits per byte", flush=True)
+            results[name][seed] = train(model, val_tokens, byte_lengths)
+            print(f"seed {seed}, {name}: {results[name][seed]:.4f} bits per byte", flush=True)
 
-    windows = (len(val_tokens) - 1) // block_size
-    print(f"\nvalidation bits per byte after {max_iters} steps ({n_layer} layers, width {n_embd}; "
-          f"{windows * block_size:,} targets of {data_dir}), k = {k}; lower is better")
-    print('| seed | ' + ' | '.join(names) + ' |\n|---|' + '---|' * len(names))
-    for i in range(seeds):
-        print(f"| {i + 1} | " + ' | '.join(f"{results[n][i]:.4f}" for n in names) + ' |')
-    print('| mean ± std | ' + ' | '.join(mean_std(results[n]) for n in names) + ' |')
-    if 'all' in names:
-        for name in names:
-            if name != 'all':
-                # Bits per byte differ as log-perplexities do: 2 ** (difference) is the ratio.
-                diffs = [b - a for a, b in zip(results['all'], results[name])]
-                lower = sum(d < 0 for d in diffs)
-                ratio = [100 * (2 ** diff - 1)
-                         for diff in (statistics.mean(diffs), min(diffs), max(diffs))]
-                print(f"{name} vs all: lower in {lower} of {seeds} seeds; per-byte perplexity "
-                      f"{ratio[0]:+.2f}% on average (from {ratio[1]:+.2f}% to {ratio[2]:+.2f}%)")
+    print(f"\nvalidation bits per byte after {max_iters} steps ({n_layer} layers, width {n_embd}, "
+          f"k = {k}, on {data_dir}); lower is better")
+    # Bits per byte differ as log-perplexities do: d apart is a per-byte perplexity ratio of 2 ** d.
+    print('\n'.join(seed_table(results, baseline='all' if 'all' in names else None)))
 
 
 if __name__ == '__main__':

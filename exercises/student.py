@@ -2,15 +2,12 @@
 Exercises on LIMe: five functions to write, from easy to hard, then a router that lime.py does
 not have (exercise 6), with an experiment to run on it. Read docs/walkthrough.md first: it walks
 through lime.py in the order these exercises follow. Replace each `raise NotImplementedError`
-with your answer; the docstring says what the function must do. Use torch and lime.py's parts
-the docstring names, but not the function the exercise rebuilds: the check refuses an answer that
+with your answer; the docstring says what it must do. Use torch and the parts of lime.py the
+docstring names, but not the function the exercise rebuilds: the check refuses an answer that
 calls it. Check your answers from the repo root (each failure says what is wrong), all six or one:
 
     LIME_EXERCISES=exercises/student.py python -m pytest -q tests/test_exercises.py
     LIME_EXERCISES=exercises/student.py python -m pytest -q tests/test_exercises.py -k static_mix
-
-A class's copy of the lab (python -m lab.handout) has no answers in it; a clone of the repo has
-them in exercises/answers.py: read them once yours pass.
 """
 import torch  # noqa: F401  for your answers
 import torch.nn as nn  # noqa: F401

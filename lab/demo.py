@@ -20,7 +20,7 @@ from configurator import configure, fail
 # -----------------------------------------------------------------------------
 seed = 1  # both runs start from this seed: the same weights, routers aside
 threads = 1  # per run: two runs side by side fill two cores
-max_iters = 3000  # config/arith_demo.py's; fewer for a quick look (lab/class_times.py)
+max_iters = 3000  # config/arith_demo.py's; fewer for a quick look
 out_dir = 'out/demo'  # the two runs, their logs and the figure
 data_dir = 'data/arith'  # python -m lab.arith --mode=prepare writes it here if missing
 # -----------------------------------------------------------------------------

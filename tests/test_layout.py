@@ -63,24 +63,6 @@ def test_limes_mechanism_reads_in_one_sitting():
     assert 0 < end - start < 150, (start, end)
 
 
-def test_the_readme_states_the_reading_path_as_measured():
-    # lab/reading_path.py traces the demo to its first optimizer step; the README must state what
-    # it prints now, the total and each file's lines, so an edit that lengthens the path shows
-    # here (and the README is brought up to date with it).
-    import subprocess
-    import sys
-    result = subprocess.run([sys.executable, '-m', 'lab.reading_path'], cwd=ROOT,
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr
-    measured = dict(re.findall(r'^(\S+\.py): (\d+)$', result.stdout, re.M))
-    total, files = re.search(r'^lines run: (\d+) in (\d+) files$', result.stdout, re.M).groups()
-    readme = ' '.join((ROOT / 'README.md').read_text(encoding='utf-8').split())
-    stated = f"{total} lines of the repo run, in {files} files:"
-    assert stated in readme, f"the README does not say {stated!r} (python -m lab.reading_path)"
-    for path, lines in measured.items():
-        assert f"`{path}` {lines}" in readme, f"the README does not give `{path}` {lines}"
-
-
 def test_the_readme_file_map_names_every_file_of_config_lab_and_exercises():
     # A folder's __init__.py is the folder itself; every other file is named, by its name or
     # its stem, in the README's file map.
