@@ -39,7 +39,7 @@ def configure(namespace, kinds, argv=None):
     finite). A CPU defaults to float32 and no compile (no fast bf16 matmuls; compiling rarely
     pays)."""
     config = {k: v for k, v in namespace.items() if k.islower() and not k.startswith('_')
-              and type(v) in (int, float, bool, str)}
+              and type(v) in (int, float, bool, str, list)}
     argv = sys.argv[1:] if argv is None else argv
     given = set()
     for arg in argv:

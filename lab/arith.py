@@ -348,11 +348,11 @@ def run_eval(given):
         fail(f"cannot write {path}: {e.strerror} (the table above is all there is)")
 
 
-def main():
+def main(argv=None):
     # The settings are the lowercase values at the top (UPPERCASE names are fixed constants).
     config, given, _ = configure(globals(), {
         ('prepare', 'eval'): ['mode'], 'path': ['out_dir', 'ckpt_dir'], 'seed': ['seed'], 'device': ['device'],
-        'positive': ['modulus', 'min_ops', 'max_ops', 'train_per_ops', 'val_per_ops', 'eval_per_ops', 'eval_batch']})
+        'positive': ['modulus', 'min_ops', 'max_ops', 'train_per_ops', 'val_per_ops', 'eval_per_ops', 'eval_batch']}, argv)
     globals().update(config)
     other = given & {'prepare': {'ckpt_dir', 'eval_per_ops', 'eval_batch', 'device'},
                      'eval': {'out_dir', 'seed', 'modulus', 'cot', 'train_per_ops',
