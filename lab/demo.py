@@ -1,13 +1,12 @@
 """
-demo.py: a class demonstration of LIMe's effect on a laptop. The LLaMA baseline and static LIMe
-train side by side, one thread each (lab/runs.py), on the paper's arithmetic task (lab/arith.py,
-config/arith_demo.py: 4 layers, width 32, 3,000 steps), starting over each time; it prints their
-validation losses as they come, then lab/plot.py's table and curves. docs/teaching.md gives its
-time and what to expect.
+demo.py: LIMe's effect in a class, on a laptop. The LLaMA baseline and static LIMe train side by
+side, one thread each (lab/runs.py), on the paper's arithmetic task (config/arith_demo.py: 4 layers,
+width 32, 3,000 steps), starting over each time; their validation losses print as they come, then
+lab/plot.py's table and curves. docs/teaching.md gives its time and what to expect.
 
-    python -m lab.demo                 # makes data/arith if missing; runs into out/demo/
-    python -m lab.demo --seed=3        # another seed
-    python -m lab.demo --max_iters=1000  # a shorter one, on a slow or busy machine
+    python -m lab.demo                   # makes data/arith if missing; runs into out/demo/
+    python -m lab.demo --seed=3          # another seed
+    python -m lab.demo --max_iters=1500  # shorter, on a slow or busy machine
 """
 import math
 import os
@@ -28,9 +27,8 @@ data_dir = 'data/arith'  # python -m lab.arith --mode=prepare writes it here if 
 
 def val_losses(run):
     """{step: validation loss} of the run's log so far."""
-    if not os.path.isfile(os.path.join(run, 'log.txt')):
-        return {}
-    return {r['step']: r['val_loss'] for r in plot.read_log(run)[1] if 'val_loss' in r}
+    records = plot.read_log(run)[1] if os.path.isfile(os.path.join(run, 'log.txt')) else []
+    return {r['step']: r['val_loss'] for r in records if 'val_loss' in r}
 
 
 def main():
@@ -41,10 +39,9 @@ def main():
     dirs = {r: os.path.join(config['out_dir'], f"{r}_s{config['seed']}") for r in ('none', 'static')}
     for run in dirs.values():
         shutil.rmtree(run, ignore_errors=True)  # a demonstration starts over
-    args = ['config/arith_demo.py', f"--seed={config['seed']}", f"--max_iters={config['max_iters']}",
-            f"--data_dir={config['data_dir']}"]
-    training = threading.Thread(target=runs.launch,
-                                args=({run: [*args, f'--router={r}'] for r, run in dirs.items()},))
+    args = [f"--{key}={config[key]}" for key in ('seed', 'max_iters', 'data_dir')]
+    training = threading.Thread(target=runs.launch, args=(
+        {run: ['config/arith_demo.py', *args, f'--router={r}'] for r, run in dirs.items()},))
     training.start()
     shown, started = set(), time.time()
     while True:

