@@ -3,7 +3,6 @@ plot.py: the tables and figures of what train.py, lab/arith.py and lab/runs.py r
 analyze.py, the figures of what it measures inside checkpoints (every figure is drawn here).
 
     python -m lab.plot --runs=out/none,out/static,out/dynamic          # loss curves
-    python -m lab.plot --runs='out/text/L8_*' --band=True              # a band per setting
     python -m lab.plot --mode=arith --runs='out/arith/L4_*'            # accuracy per operator count
     python -m lab.plot --mode=depth --runs='out/arith/*' --n_ops=6     # accuracy at 6 operators by depth
 
@@ -33,7 +32,6 @@ mode = 'curves'  # 'curves': losses by step and FLOPs; 'arith': accuracy by oper
 runs = 'out/none,out/static,out/dynamic'  # comma-separated out_dirs or patterns such as out/arith/*
 out = ''  # the PNG to write; '' means figures/<mode's figure>.png (DEFAULT_OUT)
 n_ops = 6  # depth mode: the operator count whose accuracy is drawn (the paper's hardest tier)
-band = False  # curves mode: each setting's mean over its seeds, with a band from its least to its most
 # -----------------------------------------------------------------------------
 DEFAULT_OUT = {'curves': 'figures/loss_curves.png', 'arith': 'figures/arith_accuracy.png',
                'depth': 'figures/arith_depth.png'}
@@ -84,12 +82,14 @@ def read_log(run):
 def read_eval(run):
     """run/arith_eval.json's accuracy per operator count (int keys): held out, the paper's measure,
     or where every expression is in training (1 operator) over all. It must have scored the
-    checkpoint at the log's last evaluation."""
+    checkpoint the log ends with: the last evaluation's, or the lowest's where only a lower one saves."""
     path = os.path.join(run, 'arith_eval.json')
     again = f"python -m lab.arith --mode=eval --ckpt_dir={run}"
     result = read_json(path, 'evaluation', f"run `{again}` first")
-    vals = [r for r in read_log(run)[1] if 'val_loss' in r and math.isfinite(r['val_loss'])]
-    if not isinstance(result, dict) or result.get('step') != (vals[-1]['step'] if vals else None):
+    header, records = read_log(run)
+    vals = [(r['val_loss'], r['step']) for r in records if 'val_loss' in r and math.isfinite(r['val_loss'])]
+    saved = vals[-1:] if header['config'].get('always_save_checkpoint', True) else sorted(vals)[:1]
+    if not isinstance(result, dict) or [result.get('step')] != [step for _, step in saved]:
         fail(f"{path} scored another checkpoint than the one {run}/log.txt ends with: run `{again}`")
     return {int(k): result['accuracy_all'][k] if v is None else v for k, v in result['accuracy'].items()}
 
@@ -165,9 +165,9 @@ def color(runs, configs, i):
     return COLORS.get(configs[runs[0]]['router'], f'C{i + 3}')
 
 
-def draw_band(ax, x, values, c, label):
+def draw_band(ax, x, values, c, label, marker=None):
     """A line through the mean of each row of values, in a band from its least to its most."""
-    ax.plot(x, [statistics.mean(v) for v in values], color=c, label=label, marker='.')
+    ax.plot(x, [statistics.mean(v) for v in values], color=c, label=label, marker=marker)
     ax.fill_between(x, [min(v) for v in values], [max(v) for v in values], color=c, alpha=0.2, linewidth=0)
 
 
@@ -175,28 +175,34 @@ def draw_band(ax, x, values, c, label):
 # the three figures
 
 
-def plot_curves(runs, band=False):
-    """Train and validation loss against step (top) and training FLOPs (bottom): a line per run, or
-    with band, a line per setting (its seeds' mean) in a band from their least to most."""
+def plot_curves(runs):
+    """Train and validation loss against step (top) and training FLOPs (bottom), a line per setting:
+    its seeds' mean, in a band from their least to their most."""
     groups, configs = by_setting(runs)
     rows, last, plt = [], {}, pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(9, 6.3), sharey='col') if plt else (None, None)
     for i, (name, members) in enumerate(groups.items()):
-        seeds = []  # per run: (label, FLOPs a step, {step: train loss}, {step: val loss})
+        curves = ([], [])  # train, val: {step: loss} of each seed
         for run in members:
             header, records = read_log(run)
             c = header['config']
-            per_step = c['batch_size'] * c['block_size'] * c['gradient_accumulation_steps']
-            train, val = ({r['step']: r[k] for r in records if k in r} for k in ('train_loss', 'val_loss'))
-            label = f"{name} seed {c['seed']}" if len(members) > 1 else name
-            seeds.append((label, header['flops_per_token'] * per_step, train, val))
+            for curve, key in zip(curves, ('train_loss', 'val_loss')):
+                curve.append({r['step']: r[key] for r in records if key in r})
+            val = curves[1][-1]
             if val:
                 last.setdefault(name, {})[c['seed']] = val[max(val)]
-            rows.append([label, run, f"{header['params'] / 1e6:.2f}M",
+            rows.append([f"{name} seed {c['seed']}" if len(members) > 1 else name, run,
+                         f"{header['params'] / 1e6:.2f}M",
                          f"{val[max(val)]:.4f} (step {max(val)})" if val else '-',
                          f"{min(val.values()):.4f}" if val else '-'])
-        if fig:
-            draw_curves(axes, seeds, color(members, configs, i), f"{name} ({len(seeds)} seeds)" if band else None)
+        flops = header['flops_per_token'] * c['batch_size'] * c['block_size'] * c[
+            'gradient_accumulation_steps']  # a step's (a setting's seeds train alike)
+        for col, seeds in enumerate(curves if fig else []):
+            steps = sorted(set.intersection(*map(set, seeds)))  # where every seed has a loss
+            for row, scale in enumerate((1, flops)):
+                draw_band(axes[row, col], [scale * t for t in steps], [[d[t] for d in seeds] for t in steps],
+                          color(members, configs, i), None if row + col else
+                          name + (f" ({len(members)} seeds)" if len(members) > 1 else ''))
     print(markdown(['run', 'out_dir', 'parameters', 'last val loss', 'best val loss'], rows))
     if any(len(seeds) > 1 for seeds in last.values()):
         print('\nlast val loss, by seed\n\n' + '\n'.join(seed_table(last, baseline(groups, configs))))
@@ -206,24 +212,6 @@ def plot_curves(runs, band=False):
             axes[1, col].set(xlabel='training FLOPs', ylabel='loss')
         axes[0, 0].legend()
     return fig
-
-
-def draw_curves(axes, seeds, c, band_label):
-    """A setting's seeds on the four panels: a line each (a dash pattern each), or where band_label
-    is given their mean in a band from least to most."""
-    for col in (0, 1):  # train, val
-        for row in (0, 1):  # by step, by FLOPs
-            first = row + col == 0  # the panel with the legend
-            if band_label:
-                steps = sorted(set.intersection(*(set(s[2 + col]) for s in seeds)))  # every seed's
-                x = [t * (seeds[0][1] if row else 1) for t in steps]
-                draw_band(axes[row, col], x, [[s[2 + col][t] for s in seeds] for t in steps], c,
-                          band_label if first else None)
-                continue
-            for j, (label, per_step, *curves) in enumerate(seeds):
-                axes[row, col].plot([t * (per_step if row else 1) for t in curves[col]],
-                                    list(curves[col].values()), color=c, alpha=0.85,
-                                    linestyle=('-', '--', ':', '-.')[j % 4], label=label if first else None)
 
 
 def plot_arith(runs):
@@ -257,7 +245,7 @@ def plot_arith(runs):
     for i, (name, results) in enumerate(accuracy.items()):
         ks = [k for k in counts if all(k in r for r in results.values())]
         draw_band(ax, ks, [[100 * r[k] for r in results.values()] for k in ks], color(groups[name], configs, i),
-                  f"{name} ({len(results)} seeds)")
+                  f"{name} ({len(results)} seeds)", 'o')
     ax.set(title='arithmetic expressions: exact match', xlabel="operators (the paper's tiers, see arith.py)",
            ylabel='accuracy on held-out expressions (%)', xticks=counts, ylim=(0, 100))
     ax.legend()
@@ -284,7 +272,7 @@ def plot_depth(runs, k):
     fig, ax = plt.subplots(figsize=(5.5, 4))
     for i, (name, by_depth) in enumerate(points.items()):
         ds = sorted(by_depth)
-        draw_band(ax, ds, [by_depth[d] for d in ds], color(groups[name], configs, i), name)
+        draw_band(ax, ds, [by_depth[d] for d in ds], color(groups[name], configs, i), name, 'o')
     ax.set(title=f'accuracy at {k} operators against depth', xlabel='layers', xscale='log',
            ylabel='accuracy on held-out expressions (%)', ylim=(0, 100))
     ax.set_xticks(depths, [str(d) for d in depths])
@@ -299,10 +287,8 @@ def main(argv=None):
     dirs = run_dirs(config['runs'])
     if not dirs:
         fail("--runs names no directory")
-    if config['band'] and config['mode'] != 'curves':
-        fail(f"band is for the loss curves (--mode=curves): the {config['mode']} figure always draws one")
     if config['mode'] == 'curves':
-        fig = plot_curves(dirs, config['band'])
+        fig = plot_curves(dirs)
     elif config['mode'] == 'arith':
         fig = plot_arith(dirs)
     else:

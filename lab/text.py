@@ -79,7 +79,7 @@ def train_args(layers, router, lr, x, init, seed, n_steps):
 
 
 def score(run, output):
-    """The run's bits per byte, with its settings, into run/final.json."""
+    """The run's bits per byte on the whole validation split, with its settings, into final.json."""
     result = subprocess.run([sys.executable, '-m', 'lab.evaluate', f'--out_dir={run}', '--task=',
                              f'--data_dir={data_dir}', '--device=cpu'], capture_output=True,
                             text=True, env=launcher.ENV)
@@ -87,17 +87,13 @@ def score(run, output):
     if result.returncode != 0:
         return False
     scored = json.loads(result.stdout.strip().splitlines()[-1])
-    layers, router, lr, x, init, seed = PLANNED[run]
-    val = [r['val_loss'] for r in plot.read_log(run)[1] if 'val_loss' in r]
-    minutes = read_json(os.path.join(run, 'time.json'), 'time record')['train_wall_s'] / 60
+    c = plot.read_log(run)[0]['config']  # the settings it trained with
     write_json(os.path.join(run, 'final.json'), {
-        'name': os.path.basename(run), 'layers': layers, 'router': router, 'learning_rate': lr,
-        'router_lr': lr * x, 'router_init': init, 'seed': seed, 'step': scored['step'],
-        'bpb': scored['bpb'], 'val_loss': val[-1], 'minutes': minutes})
+        'layers': c['n_layer'], 'router': c['router'] + ('-v1' if c['memory'] == 'hidden' else ''),
+        'learning_rate': c['learning_rate'], 'router_lr': c['router_lr'],
+        'router_init': c['router_init'], 'seed': c['seed'], 'step': scored['step'],
+        'bpb': scored['bpb']})
     return True
-
-
-PLANNED = {}  # run directory -> its settings
 
 
 def label(record):
@@ -108,7 +104,7 @@ def label(record):
 
 def grid_table(records):
     """Each router's bits per byte at each base rate (a column each) and router rate (a row each);
-    each router's best; and `as chosen`, the best setting of each router as `chosen` takes it."""
+    then `as chosen`: each router's best setting, as `chosen` takes it."""
     lrs = sorted({r['learning_rate'] for r in records})
     lines = ['| router | router_lr | ' + ' | '.join(f"lr {lr:g}" for lr in lrs) + ' |',
              '|---|---|' + '---|' * len(lrs)]
@@ -160,18 +156,17 @@ def main():
         if stage not in (name, 'all', 'report'):
             continue
         planned = {os.path.join(out, name, run_name(*s)): s for s in settings}
-        PLANNED.update(planned)
         if stage != 'report':
             launcher.launch({run: train_args(*s, n_steps) for run, s in planned.items()}, jobs,
                             score, 'final.json')
-        done = [run for run in planned if os.path.exists(os.path.join(run, 'final.json'))]
-        print(f"\n## {name}: {len(done)} of {len(planned)} runs finished")
-        if done:
-            print(table([read_json(os.path.join(run, 'final.json'), 'run record') for run in done]))
-        if name == 'compare' and done:
-            for L in sorted({PLANNED[run][0] for run in done}):
-                at_depth = [run for run in done if PLANNED[run][0] == L]
-                plot.save(plot.plot_curves(at_depth, band=True), os.path.join(out, name, f'curves_L{L}.png'))
+        records = {run: read_json(os.path.join(run, 'final.json'), 'run record') for run in planned
+                   if os.path.exists(os.path.join(run, 'final.json'))}
+        print(f"\n## {name}: {len(records)} of {len(planned)} runs finished")
+        if records:
+            print(table(list(records.values())))
+        for L in sorted({r['layers'] for r in records.values()}) if name == 'compare' else []:
+            at_depth = [run for run, r in records.items() if r['layers'] == L]
+            plot.save(plot.plot_curves(at_depth), os.path.join(out, name, f'curves_L{L}.png'))
 
 
 if __name__ == '__main__':

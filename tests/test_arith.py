@@ -6,6 +6,7 @@ import json
 import os
 import random
 import re
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -28,30 +29,11 @@ def data_dir(tmp_path_factory):
     return str(out)
 
 
-class Mod:
-    """A number mod p whose operators Python's own parser applies, with its precedence and brackets.
-    Division uses Fermat's little theorem (b^(p-2) = 1/b), not arith's pow(b, -1, p)."""
-
-    def __init__(self, value, p):
-        self.value, self.p = value % p, p
-
-    def __add__(self, other):
-        return Mod(self.value + other.value, self.p)
-
-    def __sub__(self, other):
-        return Mod(self.value - other.value, self.p)
-
-    def __mul__(self, other):
-        return Mod(self.value * other.value, self.p)
-
-    def __truediv__(self, other):
-        if other.value == 0:
-            raise ZeroDivisionError("the generator let a divisor be 0")
-        return Mod(self.value * other.value ** (self.p - 2), self.p)
-
-
 def python_value(expression, p):
-    return eval(re.sub(r'\d+', lambda m: f'Mod({m.group()}, {p})', expression)).value
+    """The expression's value mod p by Python's own parser and precedence, computed over the
+    rationals: no divisor is 0 mod p, so the rationals' value maps onto Z_p's."""
+    value = eval(re.sub(r'\d+', lambda m: f'Fraction({m.group()})', expression))
+    return value.numerator * pow(value.denominator, -1, p) % p
 
 
 def operator_count(expression):
