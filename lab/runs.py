@@ -1,15 +1,12 @@
 """
-runs.py: train.py runs, at most `jobs` at a time with one CPU thread each. A run is a directory,
-named by its settings, and train.py's arguments; what train.py prints goes to <directory>.txt. A
-finished run (its `done` file exists) is kept, an interrupted one (a checkpoint, no `done`)
-resumed, the rest start from scratch: the same command again finishes a set. After training,
-`then` (a command, {run} standing for the directory) scores the run, say. time.json records the
-training's wall and CPU seconds (of its last start, for a resumed run).
+runs.py: train.py runs, `jobs` at a time with one CPU thread each. A run is a directory, named by
+its settings, and train.py's arguments; train.py's output goes to <directory>.txt. A finished run
+(its `done` file exists) is kept, an interrupted one (a checkpoint) resumed, the rest start from
+scratch: the same command again finishes a set. `then` (a command, {run} the directory) scores a
+run after training; time.json holds the training's wall and CPU seconds (its last start's).
 
-    python -m lab.runs --jobs=2 --done=arith_eval.json \\
-        --then='python -m lab.arith --mode=eval --ckpt_dir={run}' \\
-        'out/arith/none_s1 config/arith.py --router=none --seed=1' \\
-        'out/arith/static_s1 config/arith.py --router=static --seed=1'
+    python -m lab.runs --done=arith_eval.json --then='python -m lab.arith --mode=eval --ckpt_dir={run}' \
+        'out/arith/none_s1 config/arith.py --router=none' 'out/arith/static_s1 config/arith.py'
 """
 import os
 import shlex
@@ -30,10 +27,9 @@ ENV = {**os.environ, 'OMP_NUM_THREADS': '1'}  # one core a run: a second thread 
 
 
 def train(run, args, then=None):
-    """train.py on args into the directory run (resumed if it has a checkpoint), then
-    then(run, output file); whether both succeeded."""
-    resume = os.path.exists(os.path.join(run, 'ckpt.pt'))
-    args = ['--init_from=resume'] if resume else [*args, '--overwrite=True']
+    """train.py on args into run (resumed from its checkpoint), then then(run, output file): whether both did."""
+    fresh = not os.path.exists(os.path.join(run, 'ckpt.pt'))
+    args = [*args, '--overwrite=True'] if fresh else ['--init_from=resume']
     os.makedirs(os.path.dirname(run) or '.', exist_ok=True)
     with open(run + '.txt', 'a') as output:
         started = time.time()
