@@ -161,8 +161,9 @@ def markdown(header, rows):
     return '\n'.join(lines + ['| ' + ' | '.join(row) + ' |' for row in rows])
 
 
-def color(runs, configs, i):
-    return COLORS.get(configs[runs[0]]['router'], f'C{i + 3}')
+def color(members, configs, i):
+    """A setting's colour, by its router."""
+    return COLORS.get(configs[members[0]]['router'], f'C{i + 3}')
 
 
 def draw_band(ax, x, values, c, label, marker=None):
@@ -296,17 +297,16 @@ def main(argv=None):
     save(fig, config['out'] or DEFAULT_OUT[config['mode']], dpi=100)
 
 
-def save(fig, path, dpi=120, metadata=None):
+def save(fig, path, dpi=120):
     """Write fig to path (making its directory), whole or not at all, or one line saying why not;
-    for a fig of None (no matplotlib), one line saying so. metadata: {key: text} the file keeps."""
+    for a fig of None (no matplotlib), one line saying so."""
     if fig is None:
         return print("no figure: matplotlib is not installed (pip install matplotlib); the tables "
                      "above stand")
     try:
         os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
         fig.tight_layout()
-        write_whole(path, lambda f: fig.savefig(f, format=os.path.splitext(path)[1][1:] or 'png',
-                                                dpi=dpi, metadata=metadata))
+        write_whole(path, lambda f: fig.savefig(f, format=os.path.splitext(path)[1][1:] or 'png', dpi=dpi))
     except (OSError, ValueError) as e:  # ValueError: a format matplotlib does not write
         fail(f"cannot write {path}: {getattr(e, 'strerror', None) or e}")
     pyplot().close(fig)

