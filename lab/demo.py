@@ -1,12 +1,10 @@
 """
-demo.py: LIMe's effect in a class, on a laptop. The LLaMA baseline and static LIMe train side by
-side, one thread each (lab/runs.py), on the paper's arithmetic task (config/arith_demo.py: 4 layers,
-width 32, 3,000 steps), starting over each time; their validation losses print as they come, then
-lab/plot.py's table and curves. docs/teaching.md gives its time and what to expect.
+demo.py: LIMe's effect in a class. The baseline and static LIMe train side by side, one thread each
+(lab/runs.py), on the arithmetic task (config/arith_demo.py), starting over each time; their
+validation losses print as they come, then lab/plot.py's table and curves (docs/teaching.md).
 
-    python -m lab.demo                   # makes data/arith if missing; runs into out/demo/
-    python -m lab.demo --seed=3          # another seed
-    python -m lab.demo --max_iters=1500  # shorter, on a slow or busy machine
+    python -m lab.demo                  # makes data/arith if missing; runs into out/demo/
+    python -m lab.demo --seed=3 --max_iters=1500   # another seed, shorter (a busy machine)
 """
 import math
 import os
@@ -55,7 +53,7 @@ def main():
             break
         training.join(2)
     for router, run in dirs.items():
-        if not os.path.isfile(os.path.join(run, 'time.json')):
+        if not os.path.isfile(os.path.join(run, 'time.json')):  # lab/runs.py writes it once trained
             fail(f"the {router} run stopped: its output is in {run}.txt")
     print(f"\nboth trained in {(time.time() - started) / 60:.1f} minutes\n")
     figure = plot.plot_curves(list(dirs.values()))

