@@ -32,7 +32,7 @@ def configure(namespace, kinds, argv=None):
     """(config, the keys argv set, the autocast context): the lowercase plain values of namespace
     (the script's globals()) changed by argv, each checked against kinds, {kind: [keys]}."""
     config = {k: v for k, v in namespace.items() if k.islower() and not k.startswith('_')
-              and type(v) in (int, float, bool, str)}
+              and type(v) in (int, float, bool, str, list)}
     argv = sys.argv[1:] if argv is None else argv
     given = set()
     for arg in argv:

@@ -1,46 +1,34 @@
 """
-arith.py: the paper's synthetic Arithmetic Expression Task (LIMe, arXiv 2502.09245 v2, Sec. 5.3.2, after
-Feng et al. 2023), written as character-level shards for train.py, and an exact-match evaluation of a
-checkpoint trained on them.
+arith.py: the paper's synthetic Arithmetic Expression Task (LIMe, arXiv 2502.09245 v2, Sec. 5.3.2,
+after Feng et al. 2023), written as character-level shards for train.py, and an exact-match
+evaluation of a checkpoint trained on them.
 
     python -m lab.arith --mode=prepare                                   # data/arith/, in about 20 s
-    python train.py config/arith.py --router=none --out_dir=out/arith_none
     python train.py config/arith.py --router=static --out_dir=out/arith_static
     python -m lab.arith --mode=eval --ckpt_dir=out/arith_static          # accuracy per operator count
 
-The task. An expression over the integers modulo a prime p (default 11) with n_ops operators from + - * /
-and n_ops + 1 numbers in [0, p), bracketed only where precedence needs it, is followed by its solution:
-one operation per step, each step's expression after an '=', the answer last; then the end token, a
-newline. With p = 11 (7+5 = 12 = 1, 4*3 = 1, 2*7 = 3, and 1/4 = 3 because 4*3 = 1):
+An expression over the integers modulo a prime p (default 11) with n_ops operators from + - * / and
+n_ops + 1 numbers, bracketed only where precedence needs it, is followed by its solution, one
+operation a step, the answer last, then a newline. With p = 11 (12 = 1, 4*3 = 1, 1/4 = 3):
 
     (7+5)/(6+4*3-2*7)=1/(6+4*3-2*7)=1/(6+1-2*7)=1/(7-2*7)=1/(7-3)=1/4=3
 
-Evaluation prompts with "\\n" + expression + "=", decodes greedily until the end token, and counts an
-example correct when the text after the last '=' is the answer (the paper's exact match on the final
-answer). It prints a table per operator count and, last, one JSON line with the same numbers, which it
-also writes to ckpt_dir/arith_eval.json (plot.py --mode=arith draws it).
+Evaluation prompts with "\\n" + expression + "=", decodes greedily until the newline, and counts an
+example right when the text after the last '=' is the answer (the paper's exact match). It prints a
+table per operator count and one JSON line, also written to ckpt_dir/arith_eval.json (lab/plot.py).
 
-What the paper states, and what is chosen here where it does not:
-- Paper: operators + - x /; the model writes a step-by-step solution and is scored on the answer it ends
-  with; 4 layers, 4 heads, width 32 (config/arith.py); 50,000 training examples per difficulty tier; tiers
-  of "4, 5 and 6 operands". Its Appendix B example, (7 + 5) / (6 + 4 x 3 - 2 x 7), has 6 operators and 7
-  numbers, and Feng et al.'s generator counts operators, so tiers here count operators (the paper's
-  "6 operands" is n_ops = 6), and the table shows both counts.
-- Numbers: the paper's example is in plain integers (12 / 4 = 3) without saying how values stay small or
-  divisions exact. Here, as in Feng et al., arithmetic is modulo a prime: every number has at most two
-  characters, and division (multiplying by the divisor's inverse mod p) is always defined; a divisor
-  that evaluates to 0 is redrawn.
-- Expressions: a random binary tree (left subtree size uniform), random operators and numbers; printed
-  with the fewest brackets that keep its value. Step order: always the leftmost operation whose operands
-  are both numbers and whose neighbours do not bind tighter, which reproduces the paper's example.
-- Training mixes every count from min_ops to max_ops, train_per_ops examples each (repeats allowed),
-  shuffled and packed back to back. train.py's loss covers all tokens, including the expression itself,
-  which is random: only the solution is predictable, so the loss cannot go near zero.
-- Held out: evaluation draws distinct expressions from a random stream of its own and reports accuracy
-  on those absent from the training shard (the paper scores a test split), and on all of them. Small
-  counts have few distinct expressions: all 473 with one operator are in training, so there only the
-  second is defined (and measures what was learnt by heart).
-- cot=False writes "expression=answer" with no steps, to compare with answering directly.
+Where the paper leaves a choice open:
+- Tiers count operators (its Appendix B example has 6 operators and 7 numbers; Feng et al.'s
+  generator counts operators): the paper's "6 operands" is n_ops = 6; the table shows both.
+- Arithmetic is modulo a prime, as in Feng et al.: every number has at most two characters and
+  division is always defined (a divisor that evaluates to 0 is redrawn).
+- Expressions are random binary trees printed with the fewest brackets that keep their value; each
+  step does the leftmost operation that is ready, which reproduces the paper's example.
+- Training mixes every count from min_ops to max_ops, train_per_ops examples each, shuffled; the
+  loss covers the random expression too, so it cannot go near zero.
+- Evaluation draws distinct expressions from a stream of its own and reports accuracy on those not
+  in training (held out, the paper's measure) and on all; every 1-operator expression is in
+  training, so there only the second is defined. cot=False writes the answer right after the '='.
 """
 import glob
 import math
@@ -348,11 +336,11 @@ def run_eval(given):
         fail(f"cannot write {path}: {e.strerror} (the table above is all there is)")
 
 
-def main():
+def main(argv=None):
     # The settings are the lowercase values at the top (UPPERCASE names are fixed constants).
     config, given, _ = configure(globals(), {
         ('prepare', 'eval'): ['mode'], 'path': ['out_dir', 'ckpt_dir'], 'seed': ['seed'], 'device': ['device'],
-        'positive': ['modulus', 'min_ops', 'max_ops', 'train_per_ops', 'val_per_ops', 'eval_per_ops', 'eval_batch']})
+        'positive': ['modulus', 'min_ops', 'max_ops', 'train_per_ops', 'val_per_ops', 'eval_per_ops', 'eval_batch']}, argv)
     globals().update(config)
     other = given & {'prepare': {'ckpt_dir', 'eval_per_ops', 'eval_batch', 'device'},
                      'eval': {'out_dir', 'seed', 'modulus', 'cot', 'train_per_ops',
