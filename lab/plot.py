@@ -156,43 +156,6 @@ def seed_table(results, baseline=None, higher_is_better=False, digits=4):
     return lines
 
 
-def seed_table(results, baseline=None, higher_is_better=False, digits=4):
-    """results: {setting name: {seed: value}} -> Markdown lines (a list of str): a row per seed, a
-    mean ± std row, and per setting beside the baseline (if given and present) how many of the seeds
-    both share it is better at, with the mean ± std of the paired differences."""
-    names = list(results)
-    seeds = sorted({seed for values in results.values() for seed in values})
-
-    def number(value):
-        return f"{value:.{digits}f}"
-
-    def spread(values):
-        values = list(values)
-        if not values:
-            return '-'
-        cell = ' ± '.join(number(v) for v in mean_std(values))
-        return cell if len(values) == len(seeds) else f"{cell} (n={len(values)})"
-
-    lines = ['| seed | ' + ' | '.join(names) + ' |', '|---|' + '---|' * len(names)]
-    for seed in seeds:
-        cells = [number(results[n][seed]) if seed in results[n] else '-' for n in names]
-        lines.append(f"| {seed} | " + ' | '.join(cells) + ' |')
-    lines.append('| mean ± std | ' + ' | '.join(spread(results[n].values()) for n in names) + ' |')
-    if baseline not in results:
-        return lines
-    lines.append('')
-    for name in names:
-        shared = [s for s in seeds if s in results[name] and s in results[baseline]]
-        if name == baseline or not shared:
-            continue
-        diffs = [results[name][s] - results[baseline][s] for s in shared]
-        better = sum(d > 0 if higher_is_better else d < 0 for d in diffs)
-        mean, std = mean_std(diffs)
-        lines.append(f"{name} - {baseline}, paired by seed: {mean:+.{digits}f} ± {std:.{digits}f}; "
-                     f"better in {better} of {len(diffs)}")
-    return lines
-
-
 def markdown(header, rows):
     lines = ['| ' + ' | '.join(header) + ' |', '|' + '---|' * len(header)]
     return '\n'.join(lines + ['| ' + ' | '.join(row) + ' |' for row in rows])
