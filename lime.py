@@ -7,8 +7,8 @@ What differs from nanoGPT's model.py:
 - LIMe: every layer puts its raw (pre-RoPE) keys and values into a "layer memory", and with
   router='static' or 'dynamic' layer l >= 1 attends over a learned mix of the keys and values
   of layers 0..l (StaticRouter, DynamicRouter: the paper's v2). With memory='hidden' the memory
-  holds each layer's input instead, the residual stream normed to unit RMS, and each kv head's
-  keys and values are projected from its own mix of layers 0..l (HiddenStaticRouter,
+  holds each layer's input instead, the residual stream normed to unit RMS, and each query
+  head's keys and values are projected from its own mix of layers 0..l (HiddenStaticRouter,
   HiddenDynamicRouter: the paper's v1). router='none' is the plain LLaMA model.
 - Hyper-connections, the paper's other baseline, as an option (baselines/hyper_connections.py).
 - generate() caches the *routed* keys/values: a cache the size of the baseline's.
