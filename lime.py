@@ -7,9 +7,9 @@ What differs from nanoGPT's model.py:
 - LIMe: every layer puts its raw (pre-RoPE) keys and values into a "layer memory", and with
   router='static' or 'dynamic' layer l >= 1 attends over a learned mix of the keys and values
   of layers 0..l (StaticRouter, DynamicRouter: the paper's v2). With memory='hidden' the memory
-  holds each layer's input instead, the residual stream, and each query head's keys and values
-  are projected from its own mix of layers 0..l (HiddenStaticRouter, HiddenDynamicRouter: the
-  paper's v1). router='none' is the plain LLaMA model.
+  holds each layer's input instead, the residual stream normed to unit RMS, and each query
+  head's keys and values are projected from its own mix of layers 0..l (HiddenStaticRouter,
+  HiddenDynamicRouter: the paper's v1). router='none' is the plain LLaMA model.
 - Hyper-connections, the paper's other baseline, as an option (baselines/hyper_connections.py).
 - generate() caches the *routed* keys/values: a cache the size of the baseline's.
 
@@ -249,14 +249,16 @@ def top_p_mask(weights, p):
 
 
 # Paper v1: the memory holds hidden states, the input of every layer so far (the token embeddings,
-# then each layer's output: the residual stream, unnormed). Layer l norms them with an RMSNorm of
-# its own, and kv head g mixes them into a D-vector m_g of its own; its keys and values are
-# projections of that mix, m_g W_g, with W_g (D, 2 hs) in place of the layer's k/v projection.
+# then each layer's output: the residual stream), each scaled to unit RMS once, as it enters.
+# Layer l norms them with an RMSNorm of its own, and kv head g mixes them into a D-vector m_g of
+# its own; its keys and values are projections of that mix, m_g W_g, with W_g (D, 2 hs) in place
+# of the layer's k/v projection. The norm's gain is the same for every source: it follows the mix.
 # (The authors' v1 code mixes per query head; with n_kv_head = n_head, as v1 ran, that is this.)
 class HiddenStaticRouter(nn.Module):
     """LIMe's static router of paper v1: for kv head g, a softmax over the S sources of learned
     logits w[g], the same for every token:
         m_g = sum_m softmax(w[g])_m RMSNorm(x_m),    kv~_g = m_g W_g
+    where sum_m a_m RMSNorm(x_m) = gain * sum_m a_m x_m / rms(x_m), as computed (gain: norm.weight).
     G * S logits per layer, beside the norm and the projections that replace the layer's own."""
 
     def __init__(self, config, layer_idx):
@@ -285,11 +287,11 @@ class HiddenStaticRouter(nn.Module):
             probs = probs / probs.sum(-1, keepdim=True)
         return probs
 
-    def forward(self, h, memory):  # memory: S hidden states (B, T, D), layers 0..l
-        sources = torch.stack([self.norm(x) for x in memory])  # (S, B, T, D)
+    def forward(self, h, memory):  # memory: S unit-RMS hidden states (B, T, D), layers 0..l
+        sources = torch.stack(memory)  # (S, B, T, D)
         S, B, T, D = sources.shape
         mixed = self.mix_weights().type_as(sources) @ sources.view(S, B * T * D)  # (G, B*T*D)
-        return project_heads(mixed.view(-1, B * T, D), self.kv_weight, B, T)
+        return project_heads(mixed.view(-1, B * T, D), self.kv_weight, B, T, self.norm.weight)
 
 
 class HiddenDynamicRouter(nn.Module):
@@ -297,6 +299,7 @@ class HiddenDynamicRouter(nn.Module):
     S sources from its own state (this layer's input, as this router's norm gives it):
         a[t, g, :] = softmax((RMSNorm(x_l)[t] Wr)[g, :])
         m[t, g] = sum_m a[t, g, m] RMSNorm(x_m)[t],    kv~[t, g] = m[t, g] W_g
+    with RMSNorm(x_m) = gain * x_m / rms(x_m): the gain (norm.weight) is applied after the mix.
     D * G * S routing weights per layer, beside the norm and the projections."""
 
     def __init__(self, config, layer_idx):
@@ -320,18 +323,19 @@ class HiddenDynamicRouter(nn.Module):
         """Routing probabilities (B, T, G, S) from the normed current state x (B, T, D)."""
         return self.proj(x).unflatten(-1, (self.n_kv_head, self.n_source)).float().softmax(-1)
 
-    def forward(self, h, memory):  # memory: S hidden states (B, T, D), layers 0..l
-        sources = torch.stack([self.norm(x) for x in memory], dim=2)  # (B, T, S, D)
+    def forward(self, h, memory):  # memory: S unit-RMS hidden states (B, T, D), layers 0..l
+        sources = torch.stack(memory, dim=2)  # (B, T, S, D)
         B, T, S, D = sources.shape
-        probs = self.mix_weights(sources[:, :, -1]).type_as(sources)  # (B, T, G, S)
-        mixed = probs @ sources  # (B, T, G, D): a product per token
-        return project_heads(mixed.flatten(0, 1).transpose(0, 1), self.kv_weight, B, T)
+        probs = self.mix_weights(self.norm.weight * memory[-1]).type_as(sources)  # (B, T, G, S)
+        mixed = (probs @ sources).flatten(0, 1).transpose(0, 1)  # (G, B*T, D): a product per token
+        return project_heads(mixed, self.kv_weight, B, T, self.norm.weight)
 
 
-def project_heads(mixed, kv_weight, B, T):
-    """Each kv head's keys and values from its own mix: mixed (G, B*T, D) @ kv_weight (G, D, 2 hs)
+def project_heads(mixed, kv_weight, B, T, gain):
+    """Each kv head's keys and values from its own mix times the gain: (mixed (G, B*T, D) * gain)
+    @ kv_weight (G, D, 2 hs) = mixed @ (gain on kv_weight's rows): the smaller tensor is scaled.
     -> (B, T, 2, G, hs), the layout of a layer's own kv."""
-    kv = torch.bmm(mixed, kv_weight)  # (G, B*T, 2 hs)
+    kv = torch.bmm(mixed, gain[:, None] * kv_weight)  # (G, B*T, 2 hs)
     return kv.view(kv.size(0), B, T, 2, -1).movedim(0, 3)
 
 
@@ -492,7 +496,8 @@ class GPT(nn.Module):
         memory = self.layer_memory() if cfg.router != 'none' else None
         for l, block in enumerate(self.blocks):
             if memory is not None and cfg.memory == 'hidden':
-                memory[l] = x  # paper v1: layer l's input, the residual stream (h_0: embeddings)
+                # paper v1: layer l's input (h_0: embeddings) at unit RMS, with the routers' eps
+                memory[l] = F.rms_norm(x, (cfg.n_embd,), eps=1e-5)
             if self.checkpoint_blocks and torch.is_grad_enabled():
                 # Only the block's input is kept; the backward pass runs the block again for the
                 # rest (its attention sets the same memory entry again).
