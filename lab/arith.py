@@ -56,8 +56,7 @@ END = VOCAB[0]
 OPS = '+-*/'
 PRECEDENCE = {'+': 1, '-': 1, '*': 2, '/': 2}
 SLACK = 8  # tokens a completion may run past the reference solution before decoding stops
-ASCII_TO_ID = np.zeros(128, dtype=np.uint16)
-ASCII_TO_ID[[ord(c) for c in VOCAB]] = np.arange(len(VOCAB))
+ASCII_TO_ID = np.array([max(VOCAB.find(chr(c)), 0) for c in range(128)], dtype=np.uint16)  # 0: not in VOCAB
 
 
 def encode(text):

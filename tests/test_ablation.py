@@ -35,7 +35,7 @@ def test_ablation_trains_each_router_at_each_seed_and_prints_the_table(bytes_dir
         for name in ('none', 'all', 'first', 'last'):
             assert any(line.startswith(f'seed {seed}, {name}: ') for line in lines), result.stdout
     assert '| seed | none | all | first | last |' in lines and '| 2 | ' in result.stdout
-    assert any(line.startswith('first - all, paired by seed: ') for line in lines), result.stdout
+    assert any(line.startswith('first - all, seed by seed: ') for line in lines), result.stdout
 
 
 def test_ablation_stops_on_an_unwritten_router_or_a_missing_file_before_any_data(tmp_path):
