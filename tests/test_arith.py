@@ -77,8 +77,6 @@ def test_encode_decode_round_trip():
     ids = arith.encode(text)
     assert ids.max() < len(arith.VOCAB) and arith.decode(ids) == text
     assert arith.decode(arith.encode(arith.VOCAB)) == arith.VOCAB
-    with pytest.raises(ValueError, match='not in the vocabulary'):
-        arith.encode('1 + 2')
 
 
 def test_prepare_writes_shards_read_shard_accepts_with_tokens_in_the_vocabulary(data_dir):
@@ -152,8 +150,7 @@ class FakeModel:
         return torch.cat((idx, torch.from_numpy(np.stack(rows))), dim=1)
 
 
-@pytest.mark.parametrize('batch', [1, 512])
-def test_exact_match_keeps_only_solutions_that_end_with_the_right_answer(batch):
+def test_exact_match_keeps_only_solutions_that_end_with_the_right_answer():
     examples = {'1+2': ['3'], '2*3': ['6'], '4-1': ['3'], '(1+2)*3': ['3*3', '9'], '2*(3+4)': ['2*7', '3']}
     model = FakeModel({
         '1+2': '3',  # right
@@ -162,7 +159,7 @@ def test_exact_match_keeps_only_solutions_that_end_with_the_right_answer(batch):
         '(1+2)*3': '3*3=9',  # right, through the steps
         '2*(3+4)': '2*7=2*7=3',  # right answer after a detour: the answer is what counts
     })
-    assert arith.solved(model, examples, batch) == {'1+2', '(1+2)*3', '2*(3+4)'}
-    # One call per prompt length (3 and 7 characters), or per prompt with batch=1. The fake looks each
-    # prompt up whole, so a padded one would fail.
-    assert len(model.calls) == (5 if batch == 1 else 2)
+    assert arith.solved(model, examples) == {'1+2', '(1+2)*3', '2*(3+4)'}
+    # One call per prompt length (3 and 7 characters): the fake looks each prompt up whole, so a
+    # padded one would fail.
+    assert len(model.calls) == 2

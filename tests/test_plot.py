@@ -52,7 +52,7 @@ def test_seed_table_gives_each_seed_the_mean_and_the_pairs_with_the_baseline():
     assert lines[:3] == ['| seed | none | static | dynamic |', '|---|---|---|---|',
                          '| 1 | 2.5000 | 2.4000 | 2.3000 |']
     assert lines[3] == '| 2 | 2.6000 | 2.6500 | - |'
-    assert lines[5] == '| mean ± std | 2.5500 ± 0.0500 | 2.5167 ± 0.1258 | 2.3500 ± 0.0707 (n=2) |'
+    assert lines[5] == '| mean ± std | 2.5500 ± 0.0500 | 2.5167 ± 0.1258 | 2.3500 ± 0.0707 |'
     assert lines[7:] == [
         'static - none, seed by seed: -0.1000, +0.0500, -0.0500; mean -0.0333 ± 0.0764; better in 2 of 3',
         'dynamic - none, seed by seed: -0.2000, -0.1500; mean -0.1750 ± 0.0354; better in 2 of 2']
@@ -79,12 +79,12 @@ def test_arith_tables_and_runs_named_by_their_directories(runs, capsys, monkeypa
     monkeypatch.setattr(plot, 'pyplot', lambda: None)  # the tables alone
     assert plot.plot_arith(runs[:4]) is None
     out = capsys.readouterr().out
-    assert '| operators | operands | L4_none (2 seeds) | L4_static (2 seeds) |' in out
-    assert '| 1 | 2 | 99.0 ± 0.0 | 99.0 ± 0.0 |' in out  # no held-out expressions: over all
+    assert '| operators | L4_none: % (seeds) | L4_static: % (seeds) |' in out
+    assert '| 1 | 99.0 ± 0.0 (2) | 99.0 ± 0.0 (2) |' in out  # no held-out expressions: over all
     assert 'held-out exact match at 6 operators, %, by seed' in out
     assert 'L4_static - L4_none, seed by seed: +40.0, -5.0; mean +17.5 ± 31.8; better in 1 of 2' in out
     assert '| mean ± std | 0.5 ± 0.0 | 1.5 ± 0.7 | 0.5 ± 0.0 | 1.5 ± 0.7 |' in out  # minutes
-    plot.plot_depth(runs, 6)
+    plot.plot_arith(runs, 6)  # by depth
     assert '| 8 | - | 90.0 ± 0.0 (1) |' in capsys.readouterr().out  # the static line at 8 layers
     with pytest.raises(SystemExit, match='are one setting.s seed 1 twice'):
         plot.by_setting([runs[0], runs[0] + '/.'])
