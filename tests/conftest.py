@@ -24,6 +24,11 @@ import tempfile
 
 import pytest
 
+# The tests are many small jobs, each a core's work: on a busy machine a second thread mostly waits
+# (at load 4, a step of config/cpu_demo.py took 3.1-3.4 s at two threads and 0.5 s at one). Set
+# before torch is imported; the scripts the tests start inherit it.
+os.environ.setdefault('OMP_NUM_THREADS', '1')
+
 # The tests of Ctrl-C send SIGINT to the scripts they start, which must take it as a terminal's
 # Ctrl-C. A shell starts a background job (`python -m pytest &` in a script) with SIGINT ignored,
 # and every process it starts would inherit that: pytest takes Python's own Ctrl-C back, which a

@@ -29,15 +29,6 @@ def check(module, name, path):
         pytest.fail(f"{name}: {message}", pytrace=False)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One thread: on tensors this small a second thread costs more to wake than it saves."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize('name', EXERCISES)
 def test_answer_passes_the_check(name):
     path = os.environ.get('LIME_EXERCISES', 'exercises/answers.py')

@@ -22,7 +22,7 @@ from lab.notebook import page_cells, split_results
 def check_command(copy):
     """The page's check command, run in copy as a student runs it there."""
     env = {key: value for key, value in os.environ.items() if key != 'PYTHONPATH'}
-    env.update(LIME_EXERCISES='exercises/student.py', OMP_NUM_THREADS='1')
+    env.update(LIME_EXERCISES='exercises/student.py')
     command = CHECK.split(' ', 1)[1].replace('python', sys.executable, 1)  # LIME_EXERCISES: env
     return subprocess.run([*command.split(), '-p', 'no:cacheprovider'], cwd=copy, env=env,
                           capture_output=True, text=True, timeout=300)

@@ -71,7 +71,7 @@ def hooked(tmp_path, *args, events=None, rank=None, nohup=False, torchrun=False,
     hook.write_text(HOOK.format(events=events or {}, rank=rank, nohup=nohup,
                                 train_py=os.path.join(ROOT, 'train.py')))
     launcher = [sys.executable, *TORCHRUN] if torchrun else [sys.executable]
-    env = {**os.environ, 'PYTHONPATH': ROOT, 'OMP_NUM_THREADS': '1', **(env or {})}
+    env = {**os.environ, 'PYTHONPATH': ROOT, **(env or {})}
     return subprocess.run([*launcher, str(hook), *args], capture_output=True, text=True, cwd=ROOT,
                           timeout=600, env=env)
 

@@ -78,8 +78,7 @@ def test_walkthrough_blocks_run_in_order_at_the_prompt_and_echo_nothing(monkeypa
     assert len(blocks) == len(stored) >= 10, "python -m lab.notebook"
     echoed = []
     monkeypatch.setattr(sys, 'displayhook', echoed.append)
-    namespace, threads = {'__name__': '__main__'}, torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny tensors: a second thread costs more to wake than it saves
+    namespace = {'__name__': '__main__'}
     with torch.random.fork_rng(devices=[]):  # the blocks seed torch: undo it after
         for (line, code), cell in zip(blocks, stored):
             for start, source in prompt_statements(line, code):
@@ -93,7 +92,6 @@ def test_walkthrough_blocks_run_in_order_at_the_prompt_and_echo_nothing(monkeypa
             assert draws(cell) or same_output(stdout_of(cell), printed, code), (
                 f"docs/walkthrough.md line {line} prints {printed!r}, but the teacher's notebook "
                 f"holds {stdout_of(cell)!r}: python -m lab.notebook")
-    torch.set_num_threads(threads)
 
 
 def test_walkthrough_names_code_that_exists_by_name_not_line_number():
@@ -134,12 +132,11 @@ def test_notebook_is_the_walkthroughs_cells_with_its_images_and_the_teachers_out
 
 
 @pytest.mark.optional
-def test_notebook_runs_top_to_bottom_in_a_jupyter_kernel_and_gives_its_outputs_again(monkeypatch):
+def test_notebook_runs_top_to_bottom_in_a_jupyter_kernel_and_gives_its_outputs_again():
     for name in ('nbformat', 'nbclient', 'ipykernel', 'matplotlib'):
         pytest.importorskip(name, reason=f"optional, for the notebook: pip install {name}")
     import nbclient
     import nbformat
-    monkeypatch.setenv('OMP_NUM_THREADS', '1')  # the kernel's: tiny tensors, and a busy CI host
     notebook = nbformat.read(NOTEBOOKS['teacher'], as_version=4)
     stored = [cell.get('outputs') for cell in notebook.cells]
     nbclient.NotebookClient(notebook, timeout=600, kernel_name='python3', coalesce_streams=True,
