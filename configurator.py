@@ -1,8 +1,7 @@
 """
 nanoGPT's configurator, made safe: config files (`key = value` lines of literals, parsed, never
 executed) and --key=value change a script's defaults block, left to right. A key must exist, keep
-its type and lie in its range, else one line stops the script; `--help` lists the keys:
-    python train.py config/cpu_demo.py --router=dynamic --learning_rate=3e-4
+its type and lie in its range, else one line stops the script; `--help` lists the keys.
 """
 import ast
 import difflib
@@ -20,7 +19,6 @@ KINDS = {
     'positive': (lambda v: v > 0, '> 0'),
     'non-negative': (lambda v: v >= 0, '>= 0'),
     'seed': (lambda v: v >= 0, '>= 0'),
-    'fraction': (lambda v: 0 < v <= 1, 'in (0, 1]'),
     'below one': (lambda v: 0 <= v < 1, 'in [0, 1)'),
     'path': (lambda v: v.strip() != '', 'a non-empty path'),
     'text': (lambda v: True, 'text'),

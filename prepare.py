@@ -106,11 +106,9 @@ def token_bytes(vocab_size, data_dir):
 
 
 def nats_and_bytes(losses, targets, byte_counts):
-    """(nats, bytes) for bits per byte = nats / (ln 2 * bytes): the loss summed over the targets
-    that are text, and the UTF-8 bytes of that text. losses: each target's cross-entropy in nats;
-    byte_counts: token_bytes's counts as a tensor. <|endoftext|> counts 0 bytes and its loss is
-    left out: it is a document boundary, not text, and a tokenizer that marks boundaries otherwise
-    (or not at all) must still compare."""
+    """(nats, bytes) for bits per byte = nats / (ln 2 * bytes): each target's loss (nats) summed
+    over the targets that are text, and their UTF-8 bytes (byte_counts: token_bytes's, a tensor).
+    <|endoftext|> is a boundary, not text: left out, so that other tokenizers compare."""
     counts = byte_counts[targets]
     return float((losses * (counts > 0)).sum()), float(counts.sum())
 
@@ -366,7 +364,12 @@ def main(argv=None):
     out_dir = args.out_dir or os.path.join("data", prefix + "_bytes" * (args.tokenizer == "bytes"))
     aside = None
     try:
-        if kept(out_dir, prefix, args.tokenizer):
+        if os.path.isdir(out_dir) and os.listdir(out_dir):  # a data set there is kept
+            if not os.path.isfile(shard_path(out_dir, prefix, "val", 0)) or \
+                    data_tokenizer(out_dir) != args.tokenizer:
+                raise ValueError(f"{out_dir} holds other files than {args.tokenizer} shards of "
+                                 f"{prefix}: give another --out_dir")
+            print(f"{out_dir} already holds a data set: kept (delete it to prepare anew)")
             return
         aside = make_aside(out_dir)
         if name == "local":
@@ -399,18 +402,6 @@ def make_aside(out_dir):
     aside = os.path.join(parent, f".{name}.{os.getpid()}")
     os.makedirs(aside)
     return aside
-
-
-def kept(out_dir, prefix, tokenizer):
-    """Whether out_dir holds such a data set already, kept; one line where it holds other files."""
-    if not os.path.isdir(out_dir) or not os.listdir(out_dir):
-        return False
-    if not os.path.isfile(shard_path(out_dir, prefix, "val", 0)) or \
-            data_tokenizer(out_dir) != tokenizer:
-        raise ValueError(f"{out_dir} holds other files than {tokenizer} shards of {prefix}: give "
-                         "another --out_dir")
-    print(f"{out_dir} already holds a data set: kept (delete it to prepare anew)")
-    return True
 
 
 def prepare_if_default(data_dir):
