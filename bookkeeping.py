@@ -1,9 +1,7 @@
 """
-bookkeeping.py: a run's safety; train.py calls it, and lab/ writes its files whole with it. A file
-is written whole: a temporary file beside it, synced, then renamed over it. One run trains in an
-out_dir at a time. A run is replaced only with --overwrite=True, its ckpt.pt and log.txt kept until
-the new run's first save. No checkpoint holds weights that are not finite; a loss that is not stops
-the run. A stop signal lets the step finish, saves, and exits with 128 + its number.
+bookkeeping.py: files written whole (lab/ writes its own with it), and a run's safety in its
+out_dir: one run there at a time, replaced only when asked, no weights saved that are not finite,
+and a stop signal that saves first.
 """
 import glob
 import json
@@ -61,6 +59,10 @@ class RunDir:
         self.log_file = None  # log.txt, once written with the lines so far
         self.wandb = None
         self.signum = 0  # the stop signal that came; 0 while none has
+        world_size = int(os.environ.get('WORLD_SIZE', 1))  # torchrun's processes
+        launcher = f'torchrun --nproc_per_node={world_size}' if world_size > 1 else 'python'
+        args = [sys.argv[0], f'--out_dir={out_dir}', '--init_from=resume']
+        self.resume_command = f"{launcher} {shlex.join(args)}"  # as this run was started
         # The last evaluation's val loss, the best so far, and (step, val loss) of the checkpoint
         self.val_loss = checkpoint['val_loss'] if checkpoint else None
         self.best_val_loss = checkpoint['best_val_loss'] if checkpoint else math.inf
@@ -144,13 +146,12 @@ class RunDir:
                 and self.val_loss >= self.saved[1]):
             return (f"with always_save_checkpoint=False only a better evaluation replaces the "
                     f"checkpoint ({self.ckpt_path}, step {self.saved[0]}, val loss "
-                    f"{self.saved[1]:.4f}): resume from it with {self.resume_command()}")
+                    f"{self.saved[1]:.4f}): resume from it with {self.resume_command}")
         if MASTER:
-            rng = {'cpu': torch.get_rng_state(),
-                   'cuda': torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None}
-            state = dict(optimizer=optimizer.state_dict(), step=step, rng=rng,
-                         val_loss=self.val_loss, best_val_loss=self.best_val_loss,
-                         config=self.config, data=batches.state())
+            cuda_rng = torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None
+            state = dict(optimizer=optimizer.state_dict(), step=step, config=self.config,
+                         rng={'cpu': torch.get_rng_state(), 'cuda': cuda_rng}, data=batches.state(),
+                         val_loss=self.val_loss, best_val_loss=self.best_val_loss)
             try:
                 write_whole(self.ckpt_path, lambda f: save_checkpoint(f, model, **state))
                 if self.log_file is None:  # an overwrite's first save: the old run goes now
@@ -169,9 +170,8 @@ class RunDir:
             self.signum = signum
         elif signum == signal.SIGINT and 'RANK' not in os.environ:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # a third changes nothing
-            kept = "no checkpoint was saved"
-            if self.saved is not None:
-                kept = f"the last checkpoint ({self.ckpt_path}, step {self.saved[0]}) is kept"
+            kept = (f"the last checkpoint ({self.ckpt_path}, step {self.saved[0]}) is kept"
+                    if self.saved else "no checkpoint was saved")
             os.write(2, f"stopped at once by a second SIGINT: {kept}\n".encode())
             raise SystemExit(128 + signum)
 
@@ -182,17 +182,11 @@ class RunDir:
             torch.distributed.barrier()  # rank 0 may still be saving
             torch.distributed.destroy_process_group()
         why = f"not saved: {unsaved}" if unsaved else \
-            f"its checkpoint saved to {self.ckpt_path}: resume with {self.resume_command()}"
+            f"its checkpoint saved to {self.ckpt_path}: resume with {self.resume_command}"
         if MASTER:
             print(f"stopped by {signal.Signals(signum).name} at step {step}, {why}",
                   file=sys.stderr)
         raise SystemExit(128 + signum)
-
-    def resume_command(self):
-        world_size = int(os.environ.get('WORLD_SIZE', 1))
-        launcher = f'torchrun --nproc_per_node={world_size}' if world_size > 1 else 'python'
-        args = [sys.argv[0], f"--out_dir={self.config['out_dir']}", '--init_from=resume']
-        return f"{launcher} {shlex.join(args)}"
 
     def advice(self):
         if self.saved is None:

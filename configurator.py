@@ -14,14 +14,13 @@ from contextlib import nullcontext
 import torch
 
 # What a key may hold: a test, and how an error states it. A script gives a kind (or a tuple of
-# allowed values) to the keys it uses itself; lime.GPTConfig checks the model's.
+# allowed values) to the keys it uses itself ('text': any); lime.GPTConfig checks the model's.
 KINDS = {
     'positive': (lambda v: v > 0, '> 0'),
     'non-negative': (lambda v: v >= 0, '>= 0'),
     'seed': (lambda v: v >= 0, '>= 0'),
     'below one': (lambda v: 0 <= v < 1, 'in [0, 1)'),
     'path': (lambda v: v.strip() != '', 'a non-empty path'),
-    'text': (lambda v: True, 'text'),
     'device': (lambda v: re.fullmatch(r'cpu|cuda(:\d+)?', v), "'cpu', 'cuda' or 'cuda:N'"),
 }
 
@@ -63,7 +62,6 @@ def configure(namespace, kinds, argv=None):
 
 
 def check_value(key, value, kind):
-    """One line now, not a silent misuse later or torch's traceback at first use."""
     if isinstance(kind, tuple) and value not in kind:
         fail(f"{key} must be one of {', '.join(map(repr, kind))}, got {value!r}")
     if kind in KINDS and not KINDS[kind][0](value):

@@ -148,12 +148,10 @@ gptconf = model.config if checkpoint is not None else or_fail(GPTConfig, **model
 # setup: one process, or one per GPU under torchrun
 ddp = int(os.environ.get('RANK', -1)) != -1
 device_type = 'cuda' if device.startswith('cuda') else 'cpu'
-rank = 0
-world_size = 1
+rank = int(os.environ.get('RANK', 0))  # torchrun's number for this process, and how many it runs
+world_size = int(os.environ.get('WORLD_SIZE', 1))
 if ddp:
     dist.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo')
-    rank = dist.get_rank()
-    world_size = dist.get_world_size()
     if device_type == 'cuda':
         device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
 if device_type == 'cuda':
@@ -165,7 +163,6 @@ if device_type == 'cpu' and sys.platform == 'linux':
     libc = ctypes.CDLL(None)
     libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD: blocks up to 1 GiB come from the heap
     libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: and the heap is not trimmed below that
-master = rank == 0  # only it logs and writes to out_dir
 
 if gradient_accumulation_steps % world_size:
     fail(f"gradient_accumulation_steps ({gradient_accumulation_steps}) must be a multiple of the "
@@ -181,7 +178,7 @@ torch.manual_seed(seed)
 
 # -----------------------------------------------------------------------------
 # data: every training shard is checked now, before step 0 (prepare.Batches reads them all)
-if master:  # data/pydoc(_bytes), missing: made now, so the quick start needs no prepare.py step
+if rank == 0:  # data/pydoc(_bytes), missing: made now, so the quick start needs no prepare step
     or_fail(prepare_if_default, data_dir)
 if ddp:
     dist.barrier()  # the other processes read the data once it is there
@@ -261,8 +258,8 @@ def lr_factor(it):
 
 
 def stop_signal():
-    """The stop signal to stop on after this step, 0 while none has come. Under DDP all stop at one
-    step, on the signal any got: asked at the log steps only, as the all_reduce waits for the GPU."""
+    """The stop signal to stop on after this step, 0 while none has come. Under DDP all stop at
+    one step, on the signal any got: asked at log steps only, as the all_reduce waits for the GPU."""
     if not ddp:
         return run.signum
     if step % log_interval and step != max_iters:
