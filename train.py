@@ -259,7 +259,7 @@ def lr_factor(it):
 
 def stop_signal():
     """The stop signal to stop on after this step, 0 while none has come. Under DDP all stop at
-    one step, on the signal any got: asked at log steps only, as the all_reduce waits for the GPU."""
+    one step, on the signal any got: asked at log steps only (the all_reduce waits for the GPU)."""
     if not ddp:
         return run.signum
     if step % log_interval and step != max_iters:
