@@ -176,17 +176,13 @@ class RunDir:
             raise SystemExit(128 + signum)
 
     def stop(self, signum, model, optimizer, batches, step):
-        """Save step where the rules let it, say so, and exit as a shell says signum stopped it."""
+        """Save step where the rules let it, for a run that signum stops, and say so."""
         unsaved = self.save(model, optimizer, batches, step)
-        if torch.distributed.is_initialized():
-            torch.distributed.barrier()  # rank 0 may still be saving
-            torch.distributed.destroy_process_group()
         why = f"not saved: {unsaved}" if unsaved else \
             f"its checkpoint saved to {self.ckpt_path}: resume with {self.resume_command}"
         if MASTER:
             print(f"stopped by {signal.Signals(signum).name} at step {step}, {why}",
                   file=sys.stderr)
-        raise SystemExit(128 + signum)
 
     def advice(self):
         if self.saved is None:

@@ -9,7 +9,7 @@ import os
 import re
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 
 import torch
 
@@ -33,23 +33,20 @@ def configure(namespace, kinds, argv=None):
     argv = sys.argv[1:] if argv is None else argv
     given = set()
     for arg in argv:
-        if arg in ('-h', '--help'):
-            continue
+        if arg in ('-h', '--help'):  # with the values of the arguments before it
+            print_help(config)
         if not arg.startswith('--'):
             given |= read_config_file(arg, config)
             continue
         key, eq, text = arg[2:].partition('=')
         if not eq:
             fail(f"expected --key=value, got '{arg}'")
-        try:  # 3e-4, True or true; a bare word is a string: --router=static
-            value = ast.literal_eval(text.title() if text.lower() in ('true', 'false') else text)
-        except Exception:  # not a literal
-            value = text
-        if isinstance(config.get(key), str):  # a text key takes the text as typed: --seeds=1
-            value = text
+        value = text  # a bare word (--router=static), and a text key's value as typed (--seeds=1)
+        if not isinstance(config.get(key), str):
+            literal = text.title() if text.lower() in ('true', 'false') else text  # true: True
+            with suppress(Exception):  # not a literal: text
+                value = ast.literal_eval(literal)
         given.add(set_key(config, key, value, f"--{key}"))
-    if '-h' in argv or '--help' in argv:
-        print_help(config)
     kind_of = {key: kind for kind, keys in kinds.items() for key in keys}
     for key, value in config.items():
         check_value(key, value, kind_of.get(key))

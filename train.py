@@ -376,8 +376,11 @@ while True:
         window_steps = 0
     if (signum := stop_signal()) and step < max_iters:  # (the last step saves as always)
         run.stop(signum, raw_model, optimizer, train_batches, step)
+        break
 
 if ddp:
     dist.barrier()  # rank 0 may still be saving: tearing down under it can abort (SIGABRT) a run
     dist.destroy_process_group()
+if step < max_iters:  # stopped by a signal: exit as a shell says it stopped it
+    raise SystemExit(128 + signum)
 say(f"next: python sample.py {shlex.quote(f'--out_dir={out_dir}')}")
