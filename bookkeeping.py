@@ -41,9 +41,9 @@ def write_json(path, value):
     write_whole(path, lambda f: f.write(text.encode()))
 
 
-def say(message):
+def say(message, file=None):
     if MASTER:  # one process prints: rank 0 under torchrun
-        print(message, flush=True)
+        print(message, file=file, flush=True)
 
 
 class RunDir:
@@ -180,9 +180,7 @@ class RunDir:
         unsaved = self.save(model, optimizer, batches, step)
         why = f"not saved: {unsaved}" if unsaved else \
             f"its checkpoint saved to {self.ckpt_path}: resume with {self.resume_command}"
-        if MASTER:
-            print(f"stopped by {signal.Signals(signum).name} at step {step}, {why}",
-                  file=sys.stderr)
+        say(f"stopped by {signal.Signals(signum).name} at step {step}, {why}", file=sys.stderr)
 
     def advice(self):
         if self.saved is None:
