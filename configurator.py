@@ -1,8 +1,7 @@
 """
 nanoGPT's configurator, made safe: config files (`key = value` lines of literals, parsed, never
 executed) and --key=value change a script's defaults block, left to right. A key must exist, keep
-its type and lie in its range, else one line stops the script; `--help` lists the keys:
-    python train.py config/cpu_demo.py --router=dynamic --learning_rate=3e-4
+its type and lie in its range, else one line stops the script; `--help` lists the keys.
 """
 import ast
 import difflib
@@ -10,20 +9,18 @@ import os
 import re
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 
 import torch
 
 # What a key may hold: a test, and how an error states it. A script gives a kind (or a tuple of
-# allowed values) to the keys it uses itself; lime.GPTConfig checks the model's.
+# allowed values) to the keys it uses itself ('text': any); lime.GPTConfig checks the model's.
 KINDS = {
     'positive': (lambda v: v > 0, '> 0'),
     'non-negative': (lambda v: v >= 0, '>= 0'),
     'seed': (lambda v: v >= 0, '>= 0'),
-    'fraction': (lambda v: 0 < v <= 1, 'in (0, 1]'),
     'below one': (lambda v: 0 <= v < 1, 'in [0, 1)'),
     'path': (lambda v: v.strip() != '', 'a non-empty path'),
-    'text': (lambda v: True, 'text'),
     'device': (lambda v: re.fullmatch(r'cpu|cuda(:\d+)?', v), "'cpu', 'cuda' or 'cuda:N'"),
 }
 
@@ -36,23 +33,20 @@ def configure(namespace, kinds, argv=None):
     argv = sys.argv[1:] if argv is None else argv
     given = set()
     for arg in argv:
-        if arg in ('-h', '--help'):
-            continue
+        if arg in ('-h', '--help'):  # with the values of the arguments before it
+            print_help(config)
         if not arg.startswith('--'):
             given |= read_config_file(arg, config)
             continue
         key, eq, text = arg[2:].partition('=')
         if not eq:
             fail(f"expected --key=value, got '{arg}'")
-        try:  # 3e-4, True or true; a bare word is a string: --router=static
-            value = ast.literal_eval(text.title() if text.lower() in ('true', 'false') else text)
-        except Exception:  # not a literal
-            value = text
-        if isinstance(config.get(key), str):  # a text key takes the text as typed: --seeds=1
-            value = text
+        value = text  # a bare word (--router=static), and a text key's value as typed (--seeds=1)
+        if not isinstance(config.get(key), str):
+            literal = text.title() if text.lower() in ('true', 'false') else text  # true: True
+            with suppress(Exception):  # not a literal: text
+                value = ast.literal_eval(literal)
         given.add(set_key(config, key, value, f"--{key}"))
-    if '-h' in argv or '--help' in argv:
-        print_help(config)
     kind_of = {key: kind for kind, keys in kinds.items() for key in keys}
     for key, value in config.items():
         check_value(key, value, kind_of.get(key))
@@ -65,7 +59,6 @@ def configure(namespace, kinds, argv=None):
 
 
 def check_value(key, value, kind):
-    """One line now, not a silent misuse later or torch's traceback at first use."""
     if isinstance(kind, tuple) and value not in kind:
         fail(f"{key} must be one of {', '.join(map(repr, kind))}, got {value!r}")
     if kind in KINDS and not KINDS[kind][0](value):

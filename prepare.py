@@ -8,9 +8,8 @@ Tokenize text with the GPT-2 BPE (or as bytes) into the token shards that train.
 
 Each document is a start token (<|endoftext|>; 256 at byte level) then its tokens, packed back to
 back. Every --val_every-th document validates until that split holds --val_tokens tokens; one
-document alone (a .txt file) is cut instead. Shards are llm.c / modded-nanogpt's: 256 int32 (magic
-20240520, version 1, token count), then uint16 tokens; shard 0 validates. A data set is written
-beside out_dir and renamed to it once whole, so a reader finds all of it or none.
+document alone (a .txt file) is cut instead. Shards are llm.c / modded-nanogpt's (a header of 256
+int32, then uint16 tokens); shard 0 validates. A data set is written aside and renamed once whole.
 """
 import argparse
 import glob
@@ -27,7 +26,6 @@ from multiprocessing import Pool
 import numpy as np
 import tiktoken
 from tqdm import tqdm
-
 
 MAGIC, VERSION = 20240520, 1  # identify the llm.c / modded-nanogpt shard format
 HEADER_INTS = 256  # int32s: 1024 bytes
@@ -48,8 +46,7 @@ def write_shard(path, tokens):
 
 
 def read_shard(path, vocab_size=None):
-    """A shard's tokens, mapped from disk; a ValueError naming the file if it is no whole shard, or,
-    given vocab_size, holds an id the model has no embedding for."""
+    """A shard's tokens, mapped; a ValueError if it is no whole shard, or has ids >= vocab_size."""
     header = np.fromfile(path, dtype="<i4", count=3)
     if len(header) < 3 or (header[0], header[1]) != (MAGIC, VERSION):
         raise ValueError(f"{path}: not a token shard (its header lacks magic {MAGIC}, version "
@@ -106,11 +103,8 @@ def token_bytes(vocab_size, data_dir):
 
 
 def nats_and_bytes(losses, targets, byte_counts):
-    """(nats, bytes) for bits per byte = nats / (ln 2 * bytes): the loss summed over the targets
-    that are text, and the UTF-8 bytes of that text. losses: each target's cross-entropy in nats;
-    byte_counts: token_bytes's counts as a tensor. <|endoftext|> counts 0 bytes and its loss is
-    left out: it is a document boundary, not text, and a tokenizer that marks boundaries otherwise
-    (or not at all) must still compare."""
+    """(nats, bytes) for bits per byte, nats / (ln 2 * bytes): the losses summed over the targets
+    that are text, and their UTF-8 bytes; <|endoftext|> is none, so that tokenizers compare."""
     counts = byte_counts[targets]
     return float((losses * (counts > 0)).sum()), float(counts.sum())
 
@@ -123,7 +117,6 @@ class Batches:
     def __init__(self, data_dir, B, T, rank=0, world_size=1, vocab_size=None, log=print):
         self.files = shard_paths(data_dir, "train")
         self.data_dir, self.B, self.T, self.rank, self.span = data_dir, B, T, rank, B*T*world_size
-        self.vocab_size = vocab_size
         lengths = [len(read_shard(path, vocab_size)) for path in self.files]
         self.names = [[os.path.basename(path), n] for path, n in zip(self.files, lengths)]
         self.usable = [i for i, n in enumerate(lengths) if n > self.span]  # the +1: the last target
@@ -147,16 +140,13 @@ class Batches:
             raise ValueError(f"{self.data_dir}/ changed since the checkpoint: its training shards "
                              "are not those the run read (restore them, or resume on a copy)")
         if shard not in self.usable:  # too short for this run's micro-steps: on to the next
-            shard, self.pos = self.following(shard), 0
+            shard, self.pos = next((i for i in self.usable if i > shard), self.usable[0]), 0
         self.shard = shard
-        self.tokens = np.array(read_shard(self.files[shard], self.vocab_size))  # into memory
-
-    def following(self, shard):
-        return next((i for i in self.usable if i > shard), self.usable[0])
+        self.tokens = np.array(read_shard(self.files[shard]))  # into memory (checked in __init__)
 
     def next(self):
         if self.pos + self.span + 1 > len(self.tokens):  # not enough left: on to the next shard
-            self.restore({"shard": self.following(self.shard), "pos": 0})
+            self.restore({"shard": (self.shard + 1) % len(self.files), "pos": 0})
         start = self.pos + self.rank * self.B * self.T
         buf = self.tokens[start:start + self.B * self.T + 1].astype(np.int64)
         self.pos += self.span
@@ -222,8 +212,7 @@ def fineweb_documents():
     try:
         import datasets  # optional: only this source needs it
     except ImportError:
-        raise ValueError("--source fineweb needs the Hugging Face datasets package: "
-                         "pip install datasets")
+        raise ValueError("--source fineweb needs Hugging Face's datasets: pip install datasets")
     records = datasets.load_dataset("HuggingFaceFW/fineweb-edu", name="sample-10BT", split="train",
                                     streaming=True)
     return (record["text"] for record in records)
@@ -237,8 +226,7 @@ def gpt2_encoding():
         return tiktoken.get_encoding("gpt2")
     except Exception as e:  # requests' connection errors, mostly: many lines each
         raise ValueError(f"could not load the GPT-2 tokenizer ({type(e).__name__}): tiktoken "
-                         "downloads it on first use; offline, set TIKTOKEN_CACHE_DIR to a "
-                         "directory holding its cached files")
+                         "downloads it once; offline, point TIKTOKEN_CACHE_DIR at its cache")
 
 
 def tokenize(text):
@@ -281,11 +269,10 @@ def data_tokenizer(data_dir):
 def prepare(documents, out_dir, prefix, args):
     """Tokenize documents in parallel into out_dir's validation and training shards."""
     encode = tokenize_bytes if args.tokenizer == "bytes" else tokenize
-    if args.tokenizer == "bytes":  # train.py and sample.py read it
-        with open(os.path.join(out_dir, "tokenizer.json"), "w") as f:
-            json.dump({"tokenizer": "bytes", "vocab_size": BYTES_VOCAB}, f)
-    else:
+    if args.tokenizer == "gpt2":
         gpt2_encoding()  # loaded here, once, before the workers start: they find it cached
+    with open(os.path.join(out_dir, "tokenizer.json"), "w") as f:  # data_tokenizer reads it
+        json.dump({"tokenizer": args.tokenizer}, f)
     val = []  # validation documents, written last as shard 0
     buf, fill = np.empty(args.shard_size, dtype=np.uint16), 0  # the training shard being filled
     n_docs = n_val = n_train = n_train_shards = 0
@@ -321,8 +308,7 @@ def prepare(documents, out_dir, prefix, args):
         n_train_shards += 1  # several parts only from one document's tail, split off above
         write_shard(shard_path(out_dir, prefix, "train", n_train_shards), part)
     write_shard(shard_path(out_dir, prefix, "val", 0), np.concatenate(val))
-    return {"shards": n_train_shards + 1, "documents": n_docs, "val_tokens": n_val,
-            "train_tokens": n_train}
+    return n_train_shards + 1, n_docs, n_val, n_train
 
 
 def count(text):
@@ -334,13 +320,11 @@ def count(text):
     return round(n)
 
 
-def main(argv=None):
-    """prepare.py's command line (argv: its words, default sys.argv's)."""
+def main(argv=None):  # argv: the command line's words, sys.argv's by default
     parser = argparse.ArgumentParser(
         description="Tokenize text into token shards for train.py (GPT-2 BPE, or bytes).")
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--input", nargs="+", metavar="PATH",
-                        help=".txt, .jsonl or .jsonl.gz files")
+    source.add_argument("--input", nargs="+", metavar="PATH", help=".txt, .jsonl, .jsonl.gz files")
     source.add_argument("--source", choices=["pydoc", "fineweb"], default="pydoc",
                         help="built-in source, when no --input is given (default: pydoc)")
     parser.add_argument("--out_dir", help="where the shards go (default: data/pydoc, data/local or "
@@ -366,16 +350,19 @@ def main(argv=None):
     out_dir = args.out_dir or os.path.join("data", prefix + "_bytes" * (args.tokenizer == "bytes"))
     aside = None
     try:
-        if kept(out_dir, prefix, args.tokenizer):
+        if os.path.isdir(out_dir) and os.listdir(out_dir):  # a data set there is kept
+            if not os.path.isfile(shard_path(out_dir, prefix, "val", 0)) or \
+                    data_tokenizer(out_dir) != args.tokenizer:
+                raise ValueError(f"{out_dir} holds other files than {args.tokenizer} shards of "
+                                 f"{prefix}: give another --out_dir")
+            print(f"{out_dir} already holds a data set: kept (delete it to prepare anew)")
             return
         aside = make_aside(out_dir)
-        if name == "local":
+        if args.input:
             documents = local_documents(args.input)
-        elif name == "fineweb":
-            documents = fineweb_documents()
-        else:
-            documents = pydoc_documents()
-        summary = prepare(documents, aside, prefix, args)
+        else:  # a built-in source
+            documents = {"pydoc": pydoc_documents, "fineweb": fineweb_documents}[args.source]()
+        shards, n_docs, n_val, n_train = prepare(documents, aside, prefix, args)
         os.rename(aside, out_dir)  # over an empty directory, or none
     except ValueError as e:  # bad input: one line, no traceback
         sys.exit(f"prepare.py: error: {e}")
@@ -384,8 +371,8 @@ def main(argv=None):
     finally:
         if aside:
             shutil.rmtree(aside, ignore_errors=True)  # renamed: gone already
-    print(f"wrote {summary['shards']} shards to {out_dir} ({summary['documents']:,} documents): "
-          f"val {summary['val_tokens']:,} tokens, train {summary['train_tokens']:,} tokens")
+    print(f"wrote {shards} shards to {out_dir} ({n_docs:,} documents): val {n_val:,} tokens, "
+          f"train {n_train:,} tokens")
     if argv is None:  # run as a command: what to run next (train.py, calling main, runs it now)
         config = "cpu_demo" if args.tokenizer == "bytes" else "pydoc_bpe"
         run_dir = os.path.join("out", os.path.basename(os.path.normpath(out_dir)))  # its own
@@ -393,24 +380,12 @@ def main(argv=None):
 
 
 def make_aside(out_dir):
-    """A new directory beside out_dir (renamed to it in one step) to write a data set in; unlike
-    tempfile.mkdtemp's 0700, with the user's umask: a teacher may read a class's data."""
+    """A new directory beside out_dir to write a data set in, with the user's umask (mkdtemp's
+    0700 would keep a teacher from a class's data); renamed to out_dir in one step once whole."""
     parent, name = os.path.split(os.path.abspath(out_dir))
     aside = os.path.join(parent, f".{name}.{os.getpid()}")
     os.makedirs(aside)
     return aside
-
-
-def kept(out_dir, prefix, tokenizer):
-    """Whether out_dir holds such a data set already, kept; one line where it holds other files."""
-    if not os.path.isdir(out_dir) or not os.listdir(out_dir):
-        return False
-    if not os.path.isfile(shard_path(out_dir, prefix, "val", 0)) or \
-            data_tokenizer(out_dir) != tokenizer:
-        raise ValueError(f"{out_dir} holds other files than {tokenizer} shards of {prefix}: give "
-                         "another --out_dir")
-    print(f"{out_dir} already holds a data set: kept (delete it to prepare anew)")
-    return True
 
 
 def prepare_if_default(data_dir):

@@ -8,7 +8,6 @@ train.py: train a LIMe or baseline GPT on the token shards that prepare.py write
 Config files and --key=value set the keys of the defaults block below (`--help` lists them).
 out_dir/ckpt.pt is the checkpoint (--init_from=resume continues the run exactly, with its
 settings); out_dir/log.txt has a JSON object a line: the settings, then each log line's record.
-bookkeeping.py keeps them whole (and refuses to replace an earlier run unasked).
 """
 import ctypes
 import math
@@ -89,10 +88,9 @@ KEY_KINDS = {  # upper case: not a key itself
     'positive': ['eval_interval', 'eval_iters', 'log_interval', 'mc_examples', 'batch_size',
                  'gradient_accumulation_steps', 'learning_rate', 'max_iters', 'peak_flops'],
     'non-negative': ['mc_interval', 'router_lr', 'weight_decay', 'grad_clip', 'warmup_iters',
-                     'lr_decay_iters', 'min_lr'],
+                     'lr_decay_iters', 'min_lr', 'seed'],
     'below one': ['beta1', 'beta2'],
     'path': ['out_dir', 'data_dir'],
-    'seed': ['seed'],
     'device': ['device'],
     ('scratch', 'resume'): ['init_from'],
     ('bfloat16', 'float32'): ['dtype'],
@@ -118,10 +116,6 @@ if config['init_from'] == 'resume':
         fail(f"{config['out_dir']}/ckpt.pt holds no {', '.join(missing)}: not a checkpoint "
              "train.py can resume")
     saved = checkpoint['config']
-    # The model's keys as its checkpoint builds it (one of older code lacks the newer ones); but
-    # router_init as the run was given it (the model of a router other than static has none)
-    saved.update({f.name: getattr(model.config, f.name) for f in fields(GPTConfig)
-                  if f.name != 'router_init' or f.name not in saved})
     saved['data_dir'] = checkpoint['data']['data_dir']  # its real path: one however it is written
     config['data_dir'] = os.path.realpath(config['data_dir'])
     changed = [key for key in sorted(given - MACHINE_KEYS) if config[key] != saved.get(key)]
@@ -154,12 +148,10 @@ gptconf = model.config if checkpoint is not None else or_fail(GPTConfig, **model
 # setup: one process, or one per GPU under torchrun
 ddp = int(os.environ.get('RANK', -1)) != -1
 device_type = 'cuda' if device.startswith('cuda') else 'cpu'
-rank = 0
-world_size = 1
+rank = int(os.environ.get('RANK', 0))  # torchrun's number for this process, and how many it runs
+world_size = int(os.environ.get('WORLD_SIZE', 1))
 if ddp:
     dist.init_process_group(backend='nccl' if device_type == 'cuda' else 'gloo')
-    rank = dist.get_rank()
-    world_size = dist.get_world_size()
     if device_type == 'cuda':
         device = f"cuda:{int(os.environ['LOCAL_RANK'])}"
 if device_type == 'cuda':
@@ -168,11 +160,9 @@ if device_type == 'cuda':
 if device_type == 'cpu' and sys.platform == 'linux':
     # glibc hands each step's large freed blocks (the logits) back to the OS and faults them in
     # again at the next step: keeping up to 1 GiB of freed heap made CPU steps 1.4-1.6x faster
-    mallopt = getattr(ctypes.CDLL(None), 'mallopt', None)  # None: not glibc
-    if mallopt is not None:
-        mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD: blocks up to 1 GiB come from the heap
-        mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: and the heap is not trimmed below that
-master = rank == 0  # only it logs and writes to out_dir
+    libc = ctypes.CDLL(None)
+    libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD: blocks up to 1 GiB come from the heap
+    libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: and the heap is not trimmed below that
 
 if gradient_accumulation_steps % world_size:
     fail(f"gradient_accumulation_steps ({gradient_accumulation_steps}) must be a multiple of the "
@@ -188,7 +178,7 @@ torch.manual_seed(seed)
 
 # -----------------------------------------------------------------------------
 # data: every training shard is checked now, before step 0 (prepare.Batches reads them all)
-if master:  # data/pydoc(_bytes), missing: made now, so the quick start needs no prepare.py step
+if rank == 0:  # data/pydoc(_bytes), missing: made now, so the quick start needs no prepare step
     or_fail(prepare_if_default, data_dir)
 if ddp:
     dist.barrier()  # the other processes read the data once it is there
@@ -268,9 +258,8 @@ def lr_factor(it):
 
 
 def stop_signal():
-    """The stop signal to stop on after this step, 0 while none has come. Under DDP every process
-    stops at the same step, on the signal any of them got: asked at the log steps only, as the
-    all_reduce waits for the device."""
+    """The stop signal to stop on after this step, 0 while none has come. Under DDP all stop at
+    one step, on the signal any got: asked at log steps only (the all_reduce waits for the GPU)."""
     if not ddp:
         return run.signum
     if step % log_interval and step != max_iters:
@@ -289,10 +278,8 @@ def sum_over_processes(value):
 
 @torch.no_grad()
 def evaluate():
-    """Mean loss and bits per byte (None where unknown) over the first val_batches batches of the
-    validation shard, the same ones for any number of processes (they share them out). Bits per
-    byte: the loss in nats summed over the tokens of text, over ln 2 times their UTF-8 bytes, so
-    that models with other tokenizers compare (<|endoftext|> has 0 bytes and is left out)."""
+    """Mean loss and bits per byte (None where unknown: prepare.nats_and_bytes says how) over the
+    first val_batches batches of the validation shard, for any number of processes the same."""
     model.eval()
     loss = 0.0
     nats = 0.0
@@ -318,7 +305,6 @@ def evaluate():
 # -----------------------------------------------------------------------------
 # training loop
 start_step = step
-run.catch_stop_signals()  # from here a stop signal ends the run after its step, saved
 window_start = time.time()  # steps are timed over the window since the last log line
 window_steps = 0
 while True:
@@ -390,8 +376,11 @@ while True:
         window_steps = 0
     if (signum := stop_signal()) and step < max_iters:  # (the last step saves as always)
         run.stop(signum, raw_model, optimizer, train_batches, step)
+        break
 
 if ddp:
     dist.barrier()  # rank 0 may still be saving: tearing down under it can abort (SIGABRT) a run
     dist.destroy_process_group()
+if step < max_iters:  # stopped by a signal: exit as a shell says it stopped it
+    raise SystemExit(128 + signum)
 say(f"next: python sample.py {shlex.quote(f'--out_dir={out_dir}')}")

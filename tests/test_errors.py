@@ -63,7 +63,7 @@ def test_a_gpu_that_torch_does_not_see_is_one_line():
 
 
 @pytest.mark.parametrize('kind, good, bad', [
-    ('positive', 1e-9, 0), ('non-negative', 0, -1), ('seed', 0, -1), ('fraction', 1.0, 0.0),
+    ('positive', 1e-9, 0), ('non-negative', 0, -1), ('seed', 0, -1),
     ('below one', 0.0, 1.0), ('path', 'out', ''), ('device', 'cpu', 'gpu'), ((1, 2), 2, 3)])
 def test_check_value_lets_each_kind_s_values_through_and_stops_others(kind, good, bad):
     configurator.check_value('key', good, kind)
