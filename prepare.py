@@ -367,7 +367,8 @@ def main(argv=None):  # argv: the command line's words, sys.argv's by default
     except ValueError as e:  # bad input: one line, no traceback
         sys.exit(f"prepare.py: error: {e}")
     except OSError as e:  # a full disk, say, or out_dir a file: the OS says which
-        sys.exit(f"prepare.py: error: {e.filename2 or e.filename}: {e.strerror}")
+        where = e.filename2 or e.filename  # None for a network error (fineweb offline)
+        sys.exit(f"prepare.py: error: {f'{where}: {e.strerror}' if where else e}")
     finally:
         if aside:
             shutil.rmtree(aside, ignore_errors=True)  # renamed: gone already

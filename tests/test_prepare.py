@@ -200,6 +200,13 @@ def test_fineweb_streams_sample_10bt_or_asks_for_datasets(tmp_path, monkeypatch)
     with pytest.raises(SystemExit, match="pip install datasets"):
         prepare_into(tmp_path / "out2", "--source", "fineweb")
 
+    def offline(*args, **kwargs):  # as requests raises it without a network
+        raise ConnectionError("Name or service not known while requesting huggingface.co")
+
+    monkeypatch.setitem(sys.modules, "datasets", types.SimpleNamespace(load_dataset=offline))
+    with pytest.raises(SystemExit, match=r"^prepare.py: error: Name or service not known while"):
+        prepare_into(tmp_path / "out3", "--source", "fineweb")
+
 
 def test_count_takes_k_m_b_suffixes():
     assert [prepare.count(s) for s in ["500K", "100M", "2.5B", "123", "1m"]] == [
