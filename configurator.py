@@ -138,7 +138,7 @@ def print_help(config):
     with open(script.__file__, encoding='utf-8') as f:  # the first `key = ...` is the default
         comments = dict(reversed(re.findall(r"^(\w+) = [^#\n]*(?:#\s*(.*))?$", f.read(), re.M)))
     settings = {k: f"--{k}={v}" for k, v in config.items()}
-    width = max(map(len, settings.values()))
+    width = max(map(len, settings.values()), default=0)
     lines = [(script.__doc__ or '').strip() + '\n',
              "keys, with their values (config files of `key = value` lines, then --key=value):"]
     lines += [f"  {setting:<{width}}  {comments.get(key, '')}".rstrip()

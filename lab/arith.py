@@ -2,7 +2,7 @@
 arith.py: the paper's synthetic Arithmetic Expression Task (LIMe, arXiv 2502.09245 v2, Sec. 5.3.2,
 after Feng et al. 2023) as character-level shards for train.py, and exact-match scoring.
 
-    python -m lab.arith --mode=prepare                                   # data/arith/, in about 20 s
+    python -m lab.arith --mode=prepare                                   # data/arith/, in about 10 s
     python train.py config/arith.py --router=static --out_dir=out/arith_static
     python -m lab.arith --mode=eval --ckpt_dir=out/arith_static          # accuracy per operator count
 

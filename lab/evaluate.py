@@ -4,8 +4,8 @@ any task in one JSON-lines format) as build-nanogpt's hellaswag.py scores it, an
 directory, bits per byte. train.py scores its mc_task with TaskScorer. The paper's Table 1 (lm-eval's
 own HellaSwag among its tasks) is lab/table1.py's. From the repo root (docs/evaluation.md says more):
 
-    python -m lab.evaluate --out_dir=out/gpt2 --task=hellaswag     # downloads the validation split
-    python -m lab.evaluate --out_dir=out/gpt2 --task=cloze.jsonl --max_examples=100
+    python -m lab.evaluate --out_dir=out/gpt2/static --task=hellaswag  # downloads the validation split
+    python -m lab.evaluate --out_dir=out/gpt2/static --task=cloze.jsonl --max_examples=100
     python -m lab.evaluate --out_dir=out/cpu_demo --task= --data_dir=data/pydoc_bytes  # bits per byte
 
 A task file holds one example a line, {"context": "...", "endings": ["...", ...], "label": k}

@@ -4,7 +4,7 @@ optional dependency: pip install lm-eval==0.4.13), so that its tasks are scored 
 lab/table1.py runs the paper's table with it. From Python:
 
     import lm_eval, lab.harness                 # importing this module registers the model 'lime'
-    lm_eval.simple_evaluate(model='lime', model_args='out_dir=out/gpt2,dtype=float32',
+    lm_eval.simple_evaluate(model='lime', model_args='out_dir=out/gpt2/static,dtype=float32',
                             tasks=['hellaswag'], num_fewshot=1)
 
 LimeLM is a TemplateLM: the harness itself splits each request into context and continuation

@@ -61,6 +61,8 @@ def student_page(text):
 
 
 if __name__ == '__main__':
+    from configurator import configure
+    configure(globals(), {})  # no keys: --help prints the docstring, anything else one error line
     import nbformat  # for maintainers only: the rest of the repo runs without them
     from nbclient import NotebookClient
     text = Path('docs/walkthrough.md').read_text()

@@ -4,8 +4,8 @@ LM Evaluation Harness itself (optional: pip install lm-eval==0.4.13) with lab/ha
 It prints the harness's table and writes its results to out_dir/table1.json; docs/evaluation.md
 holds the paper's rows, and says how to run offline. From the repo root:
 
-    python -m lab.table1 --out_dir=out/gpt2
-    python -m lab.table1 --out_dir=out/gpt2 --tasks=hellaswag --limit=200 --batch_size=32
+    python -m lab.table1 --out_dir=out/gpt2/static
+    python -m lab.table1 --out_dir=out/gpt2/static --tasks=hellaswag --limit=200 --batch_size=32
 """
 import json
 import os

@@ -9,7 +9,7 @@ import sys
 
 from conftest import ROOT
 
-TINY = ['--n_layer=2', '--batch_size=2', '--max_iters=4', '--eval_interval=2', '--eval_iters=1',
+SMALL = ['--n_layer=2', '--batch_size=2', '--max_iters=4', '--eval_interval=2', '--eval_iters=1',
         '--log_interval=1', '--warmup_iters=2']
 
 
@@ -19,7 +19,7 @@ def test_laptop_command_trains_scores_tabulates_and_keeps_its_runs(tmp_path):
            'SEEDS': '1', 'ROUTERS': 'none static', 'OUT': str(tmp_path / 'runs'),
            'DATA': str(tmp_path / 'arith'), 'EVAL_ARGS': '--eval_per_ops=10',
            'PREPARE_ARGS': '--train_per_ops=100 --val_per_ops=60 --max_ops=2'}
-    first, again = (subprocess.run(['bash', 'lab/laptop.sh', *TINY], capture_output=True, text=True,
+    first, again = (subprocess.run(['bash', 'lab/laptop.sh', *SMALL], capture_output=True, text=True,
                                    cwd=ROOT, env=env, timeout=600) for _ in range(2))
     assert first.returncode == 0, first.stdout + first.stderr
     assert '0 of 2 runs finished; running 2, 2 at a time' in first.stdout
