@@ -30,11 +30,3 @@ def read_json(path, what, hint='', lines=False):
                 fail(f"{what} {path}:{n}: not JSON ({e.msg}, at character {e.pos + 1})")
     return values
 
-
-def json_line(result):
-    """A result as one line of JSON, or one line saying that a number in it is not finite (JSON
-    has no nan or inf: a file of such lines would not be JSON)."""
-    try:
-        return json.dumps(result, allow_nan=False)
-    except ValueError:
-        fail(f"a result is not a finite number, so none is reported: {result}")

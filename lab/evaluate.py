@@ -24,7 +24,6 @@ import torch.nn.functional as F
 
 from bookkeeping import write_whole
 from configurator import configure, fail, or_fail, read_text
-from lab import json_line
 from lime import load_model
 from prepare import EOT, gpt2_encoding, nats_and_bytes, read_shard, shard_paths, token_bytes
 
@@ -223,7 +222,7 @@ def main():
                                      compile)
         print(f"{scorer.name}: acc {acc:.4f} | acc_norm {acc_norm:.4f} | {scorer.n:,} examples")
         result.update(task=scorer.name, acc=acc, acc_norm=acc_norm, examples=scorer.n)
-    print(json_line(result))
+    print(json.dumps(result))  # every number in it is finite: bits per byte is checked above
 
 
 if __name__ == '__main__':

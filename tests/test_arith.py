@@ -6,7 +6,7 @@ import json
 import os
 import random
 import re
-from fractions import Fraction
+from fractions import Fraction  # noqa: F401 (the evaluated expressions name it)
 
 import numpy as np
 import pytest

@@ -67,7 +67,7 @@ def test_a_gpu_that_torch_does_not_see_is_one_line():
     ('below one', 0.0, 1.0), ('path', 'out', ''), ('device', 'cpu', 'gpu'), ((1, 2), 2, 3)])
 def test_check_value_lets_each_kind_s_values_through_and_stops_others(kind, good, bad):
     configurator.check_value('key', good, kind)
-    assert refusal(configurator.check_value, 'key', bad, kind).startswith(f"error: key must be ")
+    assert refusal(configurator.check_value, 'key', bad, kind).startswith("error: key must be ")
 
 
 def test_a_config_file_sets_keys_and_its_mistakes_name_the_file(tmp_path):
