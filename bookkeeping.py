@@ -92,7 +92,7 @@ class RunDir:
         for tmp in glob.glob(os.path.join(glob.escape(out_dir), '*.tmp')):
             os.remove(tmp)  # a write's temporary file, left by a run killed (SIGKILL) in it
         if checkpoint:  # resumed: the records past the checkpoint's step go
-            with open(self.log_path) as f:
+            with or_fail(open, self.log_path) as f:  # deleted by hand: one line
                 self.lines += [line for line in f.readlines()[1:] if line.endswith('\n')
                                and json.loads(line)['step'] <= self.saved[0]]  # a kill's cut
             self.open_log()
