@@ -28,8 +28,8 @@ ENV = {**os.environ, 'OMP_NUM_THREADS': '1'}  # one core a run: a second thread 
 
 def train(run, args, then=None):
     """train.py on args into run (resumed from its checkpoint), then then(run, output file): whether both did."""
-    fresh = not os.path.exists(os.path.join(run, 'ckpt.pt'))
-    args = [*args, '--overwrite=True'] if fresh else ['--init_from=resume']
+    if os.path.exists(os.path.join(run, 'ckpt.pt')):  # interrupted: its settings are saved
+        args = ['--init_from=resume']
     os.makedirs(os.path.dirname(run) or '.', exist_ok=True)
     with open(run + '.txt', 'a') as output:
         started = time.time()
